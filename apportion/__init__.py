@@ -1,0 +1,41 @@
+"""apportion: resource-aware distributed task scheduling.
+
+>>> from apportion import Client, LocalCluster
+>>> with LocalCluster(workers=[{"resources": {"GPU": 2}}]) as cluster, Client(cluster) as client:
+...     client.submit(pow, 2, 10, resources={"GPU": 1}).result()
+1024
+"""
+
+from apportion import config
+from apportion.annotations import annotate
+from apportion.client import Client, NoWorkerWarning
+from apportion.errors import (
+    CancelledError,
+    KilledWorkerError,
+    NoValidWorkerError,
+    SchedulerConnectionError,
+)
+from apportion.futures import FIRST_COMPLETED, Future, as_completed, wait
+from apportion.local import LocalCluster
+from apportion.worker.context import TaskInfo, WorkerInfo, get_worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FIRST_COMPLETED",
+    "CancelledError",
+    "Client",
+    "Future",
+    "KilledWorkerError",
+    "LocalCluster",
+    "NoValidWorkerError",
+    "NoWorkerWarning",
+    "SchedulerConnectionError",
+    "TaskInfo",
+    "WorkerInfo",
+    "annotate",
+    "as_completed",
+    "config",
+    "get_worker",
+    "wait",
+]

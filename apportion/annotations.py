@@ -1,0 +1,37 @@
+"""``with annotate(resources=...)``: defaults for submit/map calls inside the block."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from apportion.resources import validate
+
+KNOWN = ("resources", "priority", "retries")
+
+_current: ContextVar[dict[str, Any] | None] = ContextVar("apportion_annotations", default=None)
+
+
+@contextmanager
+def annotate(**annotations: Any) -> Iterator[None]:
+    """Annotate every task submitted inside the block; explicit arguments still win.
+
+    >>> with annotate(resources={"GPU": 1}):
+    ...     futures = client.map(process, data)
+    """
+    unknown = sorted(set(annotations) - set(KNOWN))
+    if unknown:
+        raise TypeError(f"unknown annotation(s) {unknown}; supported: {list(KNOWN)}")
+    if "resources" in annotations:
+        validate(annotations["resources"])
+    token = _current.set({**current(), **annotations})
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def current() -> dict[str, Any]:
+    return _current.get() or {}

@@ -1,0 +1,209 @@
+"""The ``apportion`` command: scheduler, worker and demo."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+import click
+
+from apportion.auth import read_token_file, token_from_environment
+from apportion.process import serve, setup_logging
+from apportion.resources import parse_spec
+
+logger = logging.getLogger("apportion.cli")
+
+
+def _token(token_file: str | None, no_auth: bool) -> str | None:
+    if no_auth:
+        logger.warning(
+            "authentication is OFF (--no-auth): anyone who can reach this port can "
+            "run code here; use only on a trusted network"
+        )
+        return None
+    token = read_token_file(token_file) if token_file else token_from_environment()
+    if token is None:
+        logger.warning(
+            "no token given (--token-file or APPORTION_TOKEN): authentication is "
+            "off, so anyone who can reach this port can run code here"
+        )
+    return token
+
+
+@click.group()
+@click.version_option(package_name="apportion")
+def main() -> None:
+    """Resource-aware distributed task scheduling."""
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", default=8786, show_default=True, type=int)
+@click.option(
+    "--http-port",
+    type=int,
+    default=None,
+    help="Serve /health and /api/v1/info over HTTP on this port.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(),
+    default=None,
+    help="File holding the shared token (default: $APPORTION_TOKEN).",
+)
+@click.option("--no-auth", is_flag=True, help="Accept connections without a token.")
+@click.option("--ready-fd", type=int, default=None, hidden=True)
+def scheduler(
+    host: str,
+    port: int,
+    http_port: int | None,
+    token_file: str | None,
+    no_auth: bool,
+    ready_fd: int | None,
+) -> None:
+    """Run a scheduler."""
+    setup_logging()
+    try:
+        token = _token(token_file, no_auth)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    from apportion.scheduler.server import Scheduler
+
+    server = Scheduler(host, port, token=token, http_port=http_port)
+    serve(
+        start=server.start,
+        stop=lambda reason: _stop_scheduler(server, reason),
+        finished=server.stopped.wait,
+        ready=lambda s: {"address": s.address, "http_port": s.http_port},
+        ready_fd=ready_fd,
+    )
+
+
+async def _stop_scheduler(server: object, reason: str) -> None:
+    logger.info("scheduler stopping: %s", reason)
+    await server.close()  # type: ignore[attr-defined]
+
+
+@main.command()
+@click.argument("scheduler_address")
+@click.option("--name", default=None, help="Unique worker name (default: its address).")
+@click.option("--nthreads", type=int, default=None, help="Threads per worker process.")
+@click.option(
+    "--nworkers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Worker processes to start; each gets the full --resources.",
+)
+@click.option(
+    "--resources", default="", help='Resources of each worker, e.g. "GPU=2,MEMORY=100e9".'
+)
+@click.option("--host", default=None, help="Interface to listen on for peers.")
+@click.option("--port", type=int, default=0, help="Port for peers (0: any free port).")
+@click.option("--contact-host", default=None, help="Address others should reach this worker at.")
+@click.option("--memory-limit", type=int, default=None, help="Bytes, advertised to the scheduler.")
+@click.option("--token-file", type=click.Path(), default=None)
+@click.option("--no-auth", is_flag=True, help="Connect without a token.")
+@click.option("--ready-fd", type=int, default=None, hidden=True)
+def worker(
+    scheduler_address: str,
+    name: str | None,
+    nthreads: int | None,
+    nworkers: int,
+    resources: str,
+    host: str | None,
+    port: int,
+    contact_host: str | None,
+    memory_limit: int | None,
+    token_file: str | None,
+    no_auth: bool,
+    ready_fd: int | None,
+) -> None:
+    """Run worker process(es) connected to SCHEDULER_ADDRESS (tcp://HOST:PORT)."""
+    try:
+        declared = parse_spec(resources)
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--resources") from None
+    if nworkers < 1:
+        raise click.BadParameter(f"must be at least 1, got {nworkers}", param_hint="--nworkers")
+    if nworkers > 1:
+        _supervise(nworkers, name)
+        return
+    setup_logging()
+    try:
+        token = (
+            None
+            if no_auth
+            else (read_token_file(token_file) if token_file else token_from_environment())
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    from apportion.worker.server import Worker
+
+    server = Worker(
+        scheduler_address,
+        name=name,
+        nthreads=nthreads,
+        resources=declared,
+        host=host,
+        port=port,
+        contact_host=contact_host,
+        token=token,
+        memory_limit=memory_limit,
+    )
+    serve(
+        start=server.start,
+        stop=server.close,
+        finished=server.finished.wait,
+        ready=lambda w: {"address": w.address, "name": w.name},
+        ready_fd=ready_fd,
+    )
+
+
+def _supervise(nworkers: int, name: str | None) -> None:
+    """Start ``nworkers`` copies of this command, one worker each, and wait for them."""
+    args = sys.argv[1:]
+    child_args = _without_option(_without_option(args, "--nworkers"), "--name")
+    base = name or os.uname().nodename
+    children = [
+        subprocess.Popen([sys.executable, "-m", "apportion", *child_args, "--name", f"{base}-{i}"])
+        for i in range(nworkers)
+    ]
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [child.wait() for child in children]
+    sys.exit(max(codes))
+
+
+def _without_option(args: list[str], option: str) -> list[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out
+
+
+@main.command()
+@click.option("--items", default=400, show_default=True, help="Files to load and process.")
+def demo(items: int) -> None:
+    """The GPU pipeline example on a local cluster: where tasks ran, peak resource use."""
+    from apportion.demo import run_demo
+
+    sys.exit(run_demo(items))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,488 @@
+"""The user's handle on a cluster: submit work, gather results.
+
+All network I/O runs on a private event-loop thread; public methods are
+synchronous and thread-safe. Submissions are queued and flushed to the
+scheduler once per loop tick, so ``submit`` in a loop costs little.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from apportion.aio import background
+from apportion.annotations import current as current_annotations
+from apportion.auth import token_from_environment
+from apportion.errors import SchedulerConnectionError
+from apportion.futures import Future, FutureState
+from apportion.protocol import Comm, CommClosedError, Message, ProtocolError, connect
+from apportion.protocol.rpc import ConnectionPool
+from apportion.resources import format_resources, validate
+from apportion.serialize import (
+    FunctionPickleCache,
+    dumps_args,
+    loads_exception,
+    loads_value,
+    tokenize,
+)
+
+logger = logging.getLogger("apportion.client")
+
+
+class NoWorkerWarning(UserWarning):
+    """Tasks wait because no connected worker has the resources they demand."""
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="apportion-client", daemon=True
+        )
+        self.thread.start()
+
+    def run(self, coro: Any, timeout: float | None = None) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+class Client:
+    """Connect to a scheduler: ``Client("tcp://host:8786")`` or ``Client(cluster)``."""
+
+    def __init__(
+        self, address: Any = None, *, token: str | None = None, timeout: float = 10.0
+    ) -> None:
+        if address is None:
+            address = os.environ.get("APPORTION_SCHEDULER_ADDRESS")
+            if not address:
+                raise ValueError(
+                    "Client needs an address (tcp://HOST:PORT) or a cluster object; "
+                    "or set APPORTION_SCHEDULER_ADDRESS"
+                )
+        self.cluster = None
+        if not isinstance(address, str):
+            self.cluster = address
+            token = token or getattr(address, "token", None)
+            address = address.scheduler_address
+        self.scheduler_address: str = address
+        self.token = token if token is not None else token_from_environment()
+        self._states: dict[str, FutureState] = {}
+        self._refs: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._outgoing: list[Message] = []
+        self._flush_scheduled = False
+        self._functions = FunctionPickleCache()
+        self._requests: dict[int, asyncio.Future[Message]] = {}
+        self._request_ids = itertools.count(1)
+        self._closed = False
+        self._lost: str | None = None
+        self._warned: set[tuple] = set()
+        self._io = _LoopThread()
+        try:
+            self.id = self._io.run(self._connect(timeout), timeout + 5)
+        except BaseException:
+            self._io.stop()
+            raise
+
+    async def _connect(self, timeout: float) -> str:
+        self._comm, welcome = await connect(
+            self.scheduler_address, "client", self.token, timeout=timeout
+        )
+        self._pool = ConnectionPool("client", self.token)
+        background(self._read_loop(self._comm))
+        return str(welcome["client_id"])
+
+    # ------------------------------------------------------------- submission
+    def submit(
+        self,
+        func: Callable[..., Any],
+        *args: Any,
+        key: str | None = None,
+        pure: bool = True,
+        retries: int | None = None,
+        priority: int | None = None,
+        resources: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> Future:
+        """Run ``func(*args, **kwargs)`` on a worker with ``resources`` free."""
+        options = self._options(resources, retries, priority)
+        spec, future = self._prepare(func, args, kwargs, key, pure, options)
+        if spec is not None:
+            self._enqueue([spec])
+        return future
+
+    def map(
+        self,
+        func: Callable[..., Any],
+        *iterables: Iterable[Any],
+        key: str | list[str] | None = None,
+        pure: bool = True,
+        retries: int | None = None,
+        priority: int | None = None,
+        resources: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> list[Future]:
+        """Submit ``func`` over zipped iterables; one future per element."""
+        options = self._options(resources, retries, priority)
+        rows = list(zip(*iterables, strict=False))
+        keys: list[str | None]
+        if isinstance(key, list):
+            if len(key) != len(rows):
+                raise ValueError(f"map got {len(key)} keys for {len(rows)} inputs")
+            keys = list(key)
+        else:
+            keys = [None] * len(rows)
+        specs, futures = [], []
+        for row, explicit in zip(rows, keys, strict=True):
+            spec, future = self._prepare(
+                func,
+                row,
+                kwargs,
+                explicit,
+                pure,
+                options,
+                prefix=key if isinstance(key, str) else None,
+            )
+            futures.append(future)
+            if spec is not None:
+                specs.append(spec)
+        self._enqueue(specs)
+        return futures
+
+    def _options(self, resources: Any, retries: Any, priority: Any) -> dict[str, Any]:
+        annotations = current_annotations()
+        resources = annotations.get("resources") if resources is None else resources
+        retries = annotations.get("retries", 0) if retries is None else retries
+        priority = annotations.get("priority", 0) if priority is None else priority
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be a whole number >= 0, got {retries!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an integer, got {priority!r}")
+        return {"resources": validate(resources), "retries": retries, "priority": priority}
+
+    def _prepare(
+        self,
+        func: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        key: str | None,
+        pure: bool,
+        options: dict[str, Any],
+        prefix: str | None = None,
+    ) -> tuple[Message | None, Future]:
+        self._check_open()
+        if not callable(func):
+            raise TypeError(f"first argument must be callable, got {type(func).__name__}")
+        func_bytes = self._functions.dumps(func)
+        args_bytes, deps = dumps_args(tuple(args), dict(kwargs), Future)
+        if key is None:
+            name = prefix or getattr(func, "__name__", type(func).__name__)
+            token = tokenize(func_bytes, args_bytes) if pure else uuid.uuid4().hex
+            key = f"{name}-{token}"
+        elif not isinstance(key, str):
+            raise TypeError(f"key must be a string, got {key!r}")
+        with self._lock:
+            state = self._states.get(key)
+            fresh = state is None or state.status == "cancelled"
+            if fresh:
+                state = self._states[key] = FutureState(key)
+        future = Future(key, self, state)
+        if not fresh:
+            return None, future
+        spec = {"key": key, "func": func_bytes, "args": args_bytes, "deps": deps, **options}
+        if not options["resources"]:
+            del spec["resources"]
+        return spec, future
+
+    def _enqueue(self, specs: list[Message]) -> None:
+        if not specs:
+            return
+        self._post({"op": "submit", "tasks": specs})
+
+    def _post(self, message: Message) -> None:
+        """Queue a message for the scheduler from any thread; flushed once per loop tick."""
+        with self._lock:
+            self._outgoing.append(message)
+            if self._flush_scheduled:
+                return
+            self._flush_scheduled = True
+        self._io.loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            messages, self._outgoing = self._outgoing, []
+            self._flush_scheduled = False
+        if not self._comm.closed:
+            self._comm.send_many(messages)
+
+    # ---------------------------------------------------------------- results
+    def gather(self, futures: Any, errors: str = "raise") -> Any:
+        """Results of futures, in the same structure (a future, list, tuple, dict, nesting)."""
+        if errors not in ("raise", "skip"):
+            raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
+        flat = _collect_futures(futures)
+        for future in flat:
+            future._wait(None)
+        self._fetch_missing([f for f in flat if f.status == "finished"])
+        skipped = object()
+
+        def resolve(future: Future) -> Any:
+            if future.status == "finished":
+                return self._value_of(future)
+            if errors == "skip":
+                return skipped
+            raise future._exception()
+
+        return _rebuild(futures, resolve, skipped)
+
+    def _value_of(self, future: Future) -> Any:
+        state = future._state
+        if not state.has_value():
+            self._fetch_missing([future])
+        return state.value()
+
+    def _fetch_missing(self, futures: list[Future]) -> None:
+        missing = [f for f in futures if not f._state.has_value()]
+        if missing:
+            self._io.run(self._fetch(missing))
+
+    async def _fetch(self, futures: list[Future]) -> None:
+        by_worker: dict[str, list[FutureState]] = {}
+        for future in futures:
+            state = future._state
+            if not state.who_has:
+                raise LookupError(f"no worker holds the result of {future.key!r}")
+            by_worker.setdefault(state.who_has[0], []).append(state)
+
+        async def fetch_from(address: str, states: list[FutureState]) -> None:
+            try:
+                reply = await self._pool.request(
+                    address, {"op": "get-data", "keys": [s.key for s in states]}
+                )
+            except (OSError, CommClosedError) as exc:
+                raise SchedulerConnectionError(
+                    f"could not fetch results from worker {address}: {exc}"
+                ) from exc
+            for state in states:
+                data = reply["data"].get(state.key)
+                if data is None:
+                    raise LookupError(f"worker {address} no longer holds {state.key!r}")
+                state.store(data)
+
+        await asyncio.gather(*(fetch_from(a, s) for a, s in by_worker.items()))
+
+    def cancel(self, futures: Iterable[Future]) -> None:
+        """Cancel tasks (and what depends on them); their futures raise CancelledError."""
+        keys = [f.key for f in _collect_futures(futures)]
+        self._post({"op": "cancel", "keys": keys})
+
+    # ----------------------------------------------------------- cluster-wide
+    def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Call ``func`` in every worker process; returns ``{worker_address: result}``."""
+        args_bytes, _ = dumps_args(args, kwargs, Future)
+        reply = self._request(
+            {"op": "run", "func": self._functions.dumps(func), "args": args_bytes}
+        )
+        results = {}
+        for address, outcome in reply["results"].items():
+            if "result" in outcome:
+                results[address] = loads_value(outcome["result"])
+            elif "exception" in outcome:
+                raise loads_exception(outcome["exception"], outcome.get("traceback", ""))
+            else:
+                raise SchedulerConnectionError(outcome.get("error", "worker gave no answer"))
+        return results
+
+    def scheduler_info(self) -> dict[str, Any]:
+        """Workers (name, resources, used_resources, ...), task counts, waiting demands."""
+        reply = self._request({"op": "info"})
+        for field in ("op", "id"):
+            reply.pop(field, None)
+        return reply
+
+    def check_invariants(self) -> list[str]:
+        """Ask the scheduler to verify its resource accounting; [] when consistent."""
+        return list(self._request({"op": "info", "check": True})["problems"])
+
+    def wait_for_workers(self, n: int = 1, timeout: float | None = None) -> None:
+        """Block until at least ``n`` workers are connected."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            count = len(self.scheduler_info()["workers"])
+            if count >= n:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"only {count} of {n} workers connected after {timeout}s")
+            time.sleep(min(delay, 0.25))  # polling the scheduler, backing off
+            delay *= 2
+
+    def _request(self, message: Message, timeout: float | None = 60.0) -> Message:
+        self._check_open()
+        return self._io.run(self._request_async(message), timeout)
+
+    async def _request_async(self, message: Message) -> Message:
+        request_id = next(self._request_ids)
+        reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._requests[request_id] = reply
+        self._comm.send({**message, "id": request_id})
+        return await reply
+
+    # ------------------------------------------------------- scheduler events
+    async def _read_loop(self, comm: Comm) -> None:
+        try:
+            while True:
+                for message in await comm.read():
+                    self._on_message(message)
+        except (CommClosedError, ProtocolError) as exc:
+            self._on_lost(f"connection to scheduler {self.scheduler_address} lost: {exc}")
+
+    def _on_message(self, message: Message) -> None:
+        op = message["op"]
+        state = self._states.get(message.get("key", ""))
+        if op == "task-finished":
+            if state is not None:
+                state.finish(message["who_has"], message.get("nbytes", 0), message.get("data"))
+        elif op == "task-erred":
+            if state is not None:
+                state.fail(message["exception"], message.get("traceback") or "")
+        elif op == "task-cancelled":
+            if state is not None:
+                state.cancel()
+        elif op == "task-lost":
+            if state is not None:
+                state.lose()
+        elif op == "no-worker":
+            self._warn_no_worker(message)
+        elif op in ("info-reply", "run-reply"):
+            reply = self._requests.pop(message["id"], None)
+            if reply is not None and not reply.done():
+                reply.set_result(message)
+        elif op == "error":
+            logger.error("scheduler reported: %s", message.get("reason"))
+
+    def _warn_no_worker(self, message: Message) -> None:
+        shape = tuple(sorted(message["resources"].items()))
+        if shape in self._warned:
+            return
+        self._warned.add(shape)
+        text = (
+            f"{len(message['keys'])} task(s) need {format_resources(message['resources'])}, "
+            f"which no connected worker has: {message['why']}"
+        )
+        logger.warning(text)
+        warnings.warn(text, NoWorkerWarning, stacklevel=1)
+
+    def _on_lost(self, reason: str) -> None:
+        if self._closed:
+            return
+        self._lost = reason
+        logger.error(reason)
+        for reply in self._requests.values():
+            if not reply.done():
+                reply.set_exception(SchedulerConnectionError(reason))
+        self._requests.clear()
+        for state in list(self._states.values()):
+            if not state.event.is_set():
+                state.cancel(SchedulerConnectionError(reason))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this client is closed")
+        if self._lost:
+            raise SchedulerConnectionError(self._lost)
+
+    # -------------------------------------------------------- future lifetime
+    def _retain(self, key: str) -> None:
+        with self._lock:
+            self._refs[key] = self._refs.get(key, 0) + 1
+
+    def _release(self, key: str) -> None:
+        with self._lock:
+            refs = self._refs.get(key, 0) - 1
+            if refs > 0:
+                self._refs[key] = refs
+                return
+            self._refs.pop(key, None)
+            self._states.pop(key, None)
+        if not self._closed and not self._lost:
+            self._post({"op": "release", "keys": [key]})
+
+    # -------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        async def shutdown() -> None:
+            self._flush()
+            if not self._comm.closed:
+                try:
+                    await self._comm.write([{"op": "close"}])
+                except CommClosedError:
+                    pass
+            self._comm.close()
+            self._pool.close()
+
+        try:
+            self._io.run(shutdown(), timeout=5)
+        except Exception:
+            pass
+        self._io.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"<Client {self.id if hasattr(self, 'id') else '?'} -> {self.scheduler_address}>"
+
+
+def _collect_futures(obj: Any) -> list[Future]:
+    out: list[Future] = []
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Future):
+            out.append(item)
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return out
+
+
+def _rebuild(obj: Any, resolve: Callable[[Future], Any], skipped: object) -> Any:
+    if isinstance(obj, Future):
+        return resolve(obj)
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = [_rebuild(item, resolve, skipped) for item in obj]
+        return type(obj)(item for item in items if item is not skipped)
+    if isinstance(obj, dict):
+        pairs = {k: _rebuild(v, resolve, skipped) for k, v in obj.items()}
+        return {k: v for k, v in pairs.items() if v is not skipped}
+    return obj

@@ -1,0 +1,252 @@
+"""Futures: handles on remote results, and ``wait`` / ``as_completed``."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from apportion.errors import CancelledError, TimeoutError
+from apportion.serialize import loads_exception, loads_value
+
+if TYPE_CHECKING:
+    from apportion.client import Client
+
+_MISSING = object()
+
+
+class FutureState:
+    """What the client knows of one key; shared by every Future of that key."""
+
+    __slots__ = (
+        "_exception",
+        "_value",
+        "callbacks",
+        "data",
+        "error",
+        "event",
+        "key",
+        "lock",
+        "nbytes",
+        "status",
+        "who_has",
+    )
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.status = "pending"
+        self.event = threading.Event()
+        self.lock = threading.Lock()
+        self.data: bytes | None = None
+        self._value: Any = _MISSING
+        self.error: tuple[bytes, str] | None = None
+        self._exception: BaseException | None = None
+        self.who_has: list[str] = []
+        self.nbytes = 0
+        self.callbacks: list[Callable[[], None]] = []
+
+    # Called on the client's event-loop thread.
+    def finish(self, who_has: list[str], nbytes: int, data: bytes | None) -> None:
+        self.who_has = who_has
+        self.nbytes = nbytes
+        if data is not None:
+            self.data = data
+        self._set("finished")
+
+    def fail(self, exception: bytes, traceback: str) -> None:
+        self.error = (exception, traceback)
+        self._set("error")
+
+    def cancel(self, reason: BaseException | None = None) -> None:
+        self._exception = reason or CancelledError(f"task {self.key!r} was cancelled")
+        self._set("cancelled")
+
+    def lose(self) -> None:
+        """Its data vanished with a worker; the scheduler recomputes it."""
+        with self.lock:
+            if self.has_value():
+                return
+            self.status = "pending"
+            self.event.clear()
+
+    def _set(self, status: str) -> None:
+        with self.lock:
+            self.status = status
+            callbacks, self.callbacks = self.callbacks, []
+        self.event.set()
+        for callback in callbacks:
+            callback()
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        with self.lock:
+            if not self.event.is_set():
+                self.callbacks.append(callback)
+                return
+        callback()
+
+    # Called on user threads.
+    def has_value(self) -> bool:
+        return self._value is not _MISSING or self.data is not None
+
+    def value(self) -> Any:
+        if self._value is _MISSING:
+            if self.data is None:
+                raise LookupError(self.key)
+            self._value = loads_value(self.data)
+            self.data = None
+        return self._value
+
+    def store(self, data: bytes) -> None:
+        if self._value is _MISSING:
+            self.data = data
+
+    def exception(self) -> BaseException:
+        if self._exception is None:
+            assert self.error is not None
+            self._exception = loads_exception(*self.error)
+        return self._exception
+
+
+class Future:
+    """A handle on the result of a task. Holding it keeps the result on the cluster."""
+
+    __slots__ = ("__weakref__", "_state", "client", "key")
+
+    def __init__(self, key: str, client: Client, state: FutureState) -> None:
+        self.key = key
+        self.client = client
+        self._state = state
+        client._retain(key)
+
+    @property
+    def status(self) -> str:
+        return self._state.status
+
+    def done(self) -> bool:
+        return self._state.event.is_set()
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._wait(timeout)
+        if self._state.status == "finished":
+            return self.client._value_of(self)
+        raise self._exception()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return None if self._state.status == "finished" else self._exception()
+
+    def traceback(self, timeout: float | None = None) -> str | None:
+        self._wait(timeout)
+        return self._state.error[1] if self._state.error else None
+
+    def cancel(self) -> bool:
+        """Cancel the task (and tasks that depend on it); False if it already finished."""
+        if self.done():
+            return False
+        self.client.cancel([self])
+        return True
+
+    def cancelled(self) -> bool:
+        return self._state.status == "cancelled"
+
+    def add_done_callback(self, fn: Callable[[Future], None]) -> None:
+        """Call ``fn(future)`` once done (on the client's I/O thread: keep it short)."""
+        self._state.add_callback(lambda: fn(self))
+
+    def _wait(self, timeout: float | None) -> None:
+        if not self._state.event.wait(timeout):
+            raise TimeoutError(f"task {self.key!r} not done after {timeout}s")
+
+    def _exception(self) -> BaseException:
+        if self._state.status == "error":
+            return self._state.exception()
+        return self._state._exception or CancelledError(self.key)
+
+    def __del__(self) -> None:
+        try:
+            self.client._release(self.key)
+        except Exception:
+            pass  # interpreter shutting down
+
+    def __repr__(self) -> str:
+        return f"<Future: {self.status}, key: {self.key}>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a Future cannot be pickled on its own; pass it directly as a task argument "
+            "(in a list, dict or object) and the worker receives its result"
+        )
+
+
+class DoneAndNotDone(NamedTuple):
+    done: set[Future]
+    not_done: set[Future]
+
+
+FIRST_COMPLETED = "FIRST_COMPLETED"
+ALL_COMPLETED = "ALL_COMPLETED"
+
+
+def wait(
+    futures: Iterable[Future], timeout: float | None = None, return_when: str = ALL_COMPLETED
+) -> DoneAndNotDone:
+    """Wait until all (or the first of) ``futures`` are done; raises TimeoutError on timeout."""
+    futures = set(futures)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if return_when == FIRST_COMPLETED:
+        signal = threading.Event()
+        for future in futures:
+            future._state.add_callback(signal.set)
+        if not signal.wait(timeout):
+            raise TimeoutError(f"none of {len(futures)} futures finished within {timeout}s")
+    else:
+        for future in futures:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not future._state.event.wait(left):
+                pending = sum(not f.done() for f in futures)
+                raise TimeoutError(f"{pending} of {len(futures)} futures not done after {timeout}s")
+    done = {f for f in futures if f.done()}
+    return DoneAndNotDone(done, futures - done)
+
+
+class as_completed(Iterator[Any]):
+    """Iterate over futures in the order they finish; ``with_results=True`` yields pairs."""
+
+    def __init__(
+        self,
+        futures: Iterable[Future] = (),
+        with_results: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        self._queue: queue.Queue[Future] = queue.Queue()
+        self._pending = 0
+        self.with_results = with_results
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        for future in futures:
+            self.add(future)
+
+    def add(self, future: Future) -> None:
+        with self._lock:
+            self._pending += 1
+        future._state.add_callback(lambda: self._queue.put(future))
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._pending == 0:
+                raise StopIteration
+            self._pending -= 1
+        try:
+            future = self._queue.get(timeout=self.timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no future finished within {self.timeout}s") from None
+        return (future, future.result()) if self.with_results else future
+
+    def __iter__(self) -> as_completed:
+        return self
+
+    def count(self) -> int:
+        with self._lock:
+            return self._pending

@@ -1,0 +1,237 @@
+"""LocalCluster: a scheduler and worker processes on this machine."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from apportion import config
+from apportion.auth import TOKEN_ENV, generate_token
+from apportion.process import PARENT_PID_ENV
+from apportion.resources import format_resources, validate
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    process: subprocess.Popen
+    address: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+class LocalCluster:
+    """A scheduler plus worker processes on this machine, with an auth token of its own.
+
+    >>> LocalCluster(n_workers=2, threads_per_worker=1, resources={"GPU": 1})
+    >>> LocalCluster(workers=[{"name": "gpu-a", "nthreads": 4, "resources": {"GPU": 2}},
+    ...                       {"name": "bigmem", "resources": {"MEMORY": 100e9}}])
+    """
+
+    def __init__(
+        self,
+        n_workers: int | None = None,
+        threads_per_worker: int = 1,
+        resources: dict[str, float] | None = None,
+        workers: list[dict[str, Any]] | None = None,
+        host: str = "127.0.0.1",
+        scheduler_port: int = 0,
+        http_port: int | None = None,
+        token: str | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        if workers is not None and n_workers is not None:
+            raise ValueError(
+                "give either n_workers (identical workers) or workers (a list), not both"
+            )
+        self.host = host
+        self.timeout = timeout
+        self.token = token or generate_token()
+        defaults = {**(config.get("worker.resources", {}) or {}), **(resources or {})}
+        if workers is None:
+            count = n_workers if n_workers is not None else min(4, os.cpu_count() or 1)
+            workers = [
+                {"nthreads": threads_per_worker, "resources": defaults} for _ in range(count)
+            ]
+        self._specs = [
+            self._normalise(i, spec, defaults, threads_per_worker) for i, spec in enumerate(workers)
+        ]
+        self.workers: dict[str, WorkerProcess] = {}
+        self._env = self._child_env()
+        self._closed = False
+        args = ["scheduler", "--host", host, "--port", str(scheduler_port)]
+        if http_port is not None:
+            args += ["--http-port", str(http_port)]
+        launched = self._spawn(args)
+        self._scheduler_process = launched[0]
+        self._finalizer = weakref.finalize(self, _terminate, [self._scheduler_process], [])
+        try:
+            ready = self._await_ready([("scheduler", launched)])
+            self.scheduler_address: str = ready["scheduler"]["address"]
+            self.http_port: int | None = ready["scheduler"].get("http_port")
+            self.start_workers(self._specs)
+        except BaseException:
+            self.close()
+            raise
+        atexit.register(self.close)
+
+    @staticmethod
+    def _normalise(
+        index: int, spec: dict[str, Any], defaults: dict[str, float], nthreads: int
+    ) -> dict[str, Any]:
+        unknown = set(spec) - {"name", "nthreads", "resources"}
+        if unknown:
+            raise ValueError(
+                f"worker spec {spec!r} has unknown fields {sorted(unknown)}; "
+                "use name, nthreads, resources"
+            )
+        return {
+            "name": str(spec.get("name") or f"worker-{index}"),
+            "nthreads": int(spec.get("nthreads") or nthreads),
+            "resources": validate({**defaults, **(spec.get("resources") or {})}, what="capacity"),
+        }
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env[TOKEN_ENV] = self.token
+        env[PARENT_PID_ENV] = str(os.getpid())
+        # Settings made with apportion.config.set in this process apply to the workers too.
+        env[config.INHERITED_ENV] = json.dumps(config.snapshot(), default=str)
+        return env
+
+    def _spawn(self, args: list[str]) -> tuple[subprocess.Popen, int]:
+        read_end, write_end = os.pipe()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "apportion", *args, "--ready-fd", str(write_end)],
+            env=self._env,
+            pass_fds=(write_end,),
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(write_end)
+        return process, read_end
+
+    def _await_ready(
+        self, launched: list[tuple[str, tuple[subprocess.Popen, int]]]
+    ) -> dict[str, dict[str, Any]]:
+        """Read each child's JSON readiness line, failing clearly if one dies or hangs."""
+        pending = {fd: (name, proc) for name, (proc, fd) in launched}
+        buffers: dict[int, bytes] = dict.fromkeys(pending, b"")
+        ready: dict[str, dict[str, Any]] = {}
+        deadline = time.monotonic() + self.timeout
+        try:
+            while pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    names = sorted(name for name, _ in pending.values())
+                    raise TimeoutError(f"{names} did not start within {self.timeout}s")
+                readable, _, _ = select.select(list(pending), [], [], min(left, 0.5))
+                for fd in readable:
+                    chunk = os.read(fd, 65536)
+                    name, proc = pending[fd]
+                    if not chunk:
+                        code = proc.wait(timeout=5)
+                        raise RuntimeError(
+                            f"{name} exited with code {code} before it was ready; its log is above"
+                        )
+                    buffers[fd] += chunk
+                    if buffers[fd].endswith(b"\n"):
+                        ready[name] = json.loads(buffers[fd])
+                        del pending[fd]
+                        os.close(fd)
+        finally:
+            for fd in pending:
+                os.close(fd)
+        return ready
+
+    # ------------------------------------------------------------------ workers
+    def start_workers(self, specs: list[dict[str, Any]]) -> list[WorkerProcess]:
+        """Start more workers (each ``{"name", "nthreads", "resources"}``) and wait for them."""
+        specs = [self._normalise(len(self.workers) + i, s, {}, 1) for i, s in enumerate(specs)]
+        clash = [s["name"] for s in specs if s["name"] in self.workers]
+        if clash:
+            raise ValueError(f"workers named {clash} already exist in this cluster")
+        launched = []
+        for spec in specs:
+            args = [
+                "worker",
+                self.scheduler_address,
+                "--name",
+                spec["name"],
+                "--nthreads",
+                str(spec["nthreads"]),
+                "--host",
+                self.host,
+            ]
+            if spec["resources"]:
+                args += [
+                    "--resources",
+                    ",".join(f"{k}={v!r}" for k, v in spec["resources"].items()),
+                ]
+            launched.append((spec["name"], self._spawn(args)))
+            self.workers[spec["name"]] = WorkerProcess(spec["name"], launched[-1][1][0])
+        ready = self._await_ready(launched)
+        for name, details in ready.items():
+            self.workers[name].address = details["address"]
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(
+            self, _terminate, [self._scheduler_process], [w.process for w in self.workers.values()]
+        )
+        return [self.workers[name] for name, _ in launched]
+
+    def kill_worker(self, name: str) -> None:
+        """SIGKILL one worker process (to test recovery from a crash)."""
+        worker = self.workers.pop(name)
+        worker.process.send_signal(signal.SIGKILL)
+        worker.process.wait(timeout=10)
+
+    @property
+    def worker_pids(self) -> dict[str, int]:
+        return {name: w.pid for name, w in self.workers.items()}
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._finalizer.detach()
+        _terminate([self._scheduler_process], [w.process for w in self.workers.values()])
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{n}({format_resources(s['resources'])})"
+            for n, s in ((s["name"], s) for s in self._specs)
+        )
+        return f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers: {parts}>"
+
+
+def _terminate(schedulers: list[subprocess.Popen], workers: list[subprocess.Popen]) -> None:
+    """Stop workers first (so they leave cleanly), then the scheduler; kill stragglers."""
+    for group in (workers, schedulers):
+        for process in group:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + 5
+        for process in group:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

@@ -1,0 +1,252 @@
+"""TCP connections carrying batched frames, and the authenticated handshake.
+
+``Comm.send`` queues a message and flushes everything queued on the next
+event-loop tick as one frame: bursts are batched, yet an idle link never waits
+on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tornado.iostream import IOStream, StreamClosedError
+from tornado.tcpclient import TCPClient
+from tornado.tcpserver import TCPServer
+
+from apportion import config
+from apportion.protocol.frames import (
+    HEADER_BYTES,
+    PROTOCOL_VERSION,
+    Message,
+    ProtocolError,
+    decode,
+    encode,
+    frame_length,
+)
+
+logger = logging.getLogger("apportion.comm")
+
+# Nothing but a small handshake is accepted from a peer before it has authenticated.
+HANDSHAKE_FRAME_LIMIT = 64 * 1024
+HANDSHAKE_TIMEOUT = 10.0
+
+
+class CommClosedError(ConnectionError):
+    """The connection is closed (by us, the peer, or a protocol violation)."""
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"tcp://host:port"`` or ``"host:port"`` to ``(host, port)``."""
+    text = address.split("://", 1)[1] if "://" in address else address
+    if "://" in address and not address.startswith("tcp://"):
+        raise ValueError(f"unsupported address {address!r}: only tcp:// is supported")
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"invalid address {address!r}: expected tcp://HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+class Comm:
+    """One framed, batched connection. Use from the event-loop thread only."""
+
+    def __init__(self, stream: IOStream, peer: str, max_frame: int | None = None) -> None:
+        self.stream = stream
+        self.peer = peer
+        self.max_frame = max_frame or int(config.get("comm.max-frame-bytes"))
+        self._queue: list[Message] = []
+        self._flush_pending = False
+        self._closed_reason: str | None = None
+        stream.set_nodelay(True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed_reason is not None or self.stream.closed()
+
+    def send(self, message: Message) -> None:
+        if self.closed:
+            raise CommClosedError(f"connection to {self.peer} is closed: {self._closed_reason}")
+        self._queue.append(message)
+        if not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def send_many(self, messages: list[Message]) -> None:
+        for message in messages:
+            self.send(message)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        batch, self._queue = self._queue, []
+        if batch and not self.closed:
+            self._write(encode(batch))
+
+    def _write(self, data: bytes) -> None:
+        try:
+            future = self.stream.write(data)
+        except StreamClosedError:
+            self.close("peer closed the connection")
+            return
+        # Observe the future so a peer hanging up does not log "exception never retrieved".
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def write(self, messages: list[Message]) -> None:
+        """Send now and wait until the bytes are handed to the kernel."""
+        self._flush()
+        try:
+            await self.stream.write(encode(messages))
+        except StreamClosedError:
+            self.close("peer closed the connection")
+            raise CommClosedError(f"connection to {self.peer} closed while writing") from None
+
+    async def read(self, limit: int | None = None) -> list[Message]:
+        try:
+            header = await self.stream.read_bytes(HEADER_BYTES)
+            length = frame_length(header, limit or self.max_frame)
+            payload = await self.stream.read_bytes(length) if length else b""
+        except StreamClosedError:
+            self.close("peer closed the connection")
+            raise CommClosedError(f"connection to {self.peer} closed") from None
+        except ProtocolError as exc:
+            self.close(str(exc))
+            raise
+        try:
+            return decode(payload)
+        except ProtocolError as exc:
+            self.close(str(exc))
+            raise
+
+    def close(self, reason: str = "closed locally") -> None:
+        if self._closed_reason is None:
+            self._closed_reason = reason
+        if not self.stream.closed():
+            self.stream.close()
+
+    def __repr__(self) -> str:
+        return f"<Comm peer={self.peer} closed={self.closed}>"
+
+
+async def connect(
+    address: str,
+    role: str,
+    token: str | None = None,
+    info: dict[str, Any] | None = None,
+    timeout: float | None = None,
+) -> tuple[Comm, Message]:
+    """Open a connection and complete the handshake; returns the comm and the welcome."""
+    host, port = parse_address(address)
+    timeout = float(config.get("comm.connect-timeout")) if timeout is None else timeout
+    max_frame = int(config.get("comm.max-frame-bytes"))
+    try:
+        stream = await asyncio.wait_for(
+            TCPClient().connect(host, port, max_buffer_size=max_frame + HEADER_BYTES), timeout
+        )
+    except (OSError, StreamClosedError, asyncio.TimeoutError) as exc:
+        raise OSError(f"could not connect to {address}: {exc or 'timed out'}") from None
+    comm = Comm(stream, address, max_frame)
+    hello = {"op": "hello", "role": role, "protocol": PROTOCOL_VERSION, "token": token}
+    hello.update(info or {})
+    try:
+        await comm.write([hello])
+        replies = await asyncio.wait_for(comm.read(HANDSHAKE_FRAME_LIMIT), timeout)
+    except (CommClosedError, asyncio.TimeoutError):
+        comm.close()
+        raise OSError(f"{address} closed the connection during the handshake") from None
+    reply = replies[0] if replies else {}
+    if reply.get("op") != "welcome":
+        comm.close()
+        reason = reply.get("reason", f"unexpected handshake reply {reply!r}")
+        raise ConnectionRefusedError(f"{address} refused the connection: {reason}")
+    return comm, reply
+
+
+Handler = Callable[[Comm, Message], Awaitable[None]]
+
+
+class Listener(TCPServer):
+    """Accepts connections, authenticates the handshake, then hands over to ``handler``.
+
+    The handler receives the comm and the hello message and must answer with
+    ``{"op": "welcome", ...}`` (or refuse with ``refuse``).
+    """
+
+    def __init__(self, handler: Handler, token: str | None, roles: tuple[str, ...]) -> None:
+        self.max_frame = int(config.get("comm.max-frame-bytes"))
+        super().__init__(max_buffer_size=self.max_frame + HEADER_BYTES)
+        self.handler = handler
+        self.token = token
+        self.roles = roles
+        self.port: int = 0
+        self.comms: set[Comm] = set()
+
+    def listen_on(self, host: str, port: int) -> int:
+        sockets = self._bind(host, port)
+        self.add_sockets(sockets)
+        self.port = sockets[0].getsockname()[1]
+        return self.port
+
+    @staticmethod
+    def _bind(host: str, port: int) -> list[socket.socket]:
+        from tornado.netutil import bind_sockets
+
+        return bind_sockets(port, address=host or None, reuse_port=False)
+
+    async def handle_stream(self, stream: IOStream, address: Any) -> None:
+        peer = format_address(str(address[0]), int(address[1])) if address else "unknown"
+        comm = Comm(stream, peer, self.max_frame)
+        try:
+            messages = await asyncio.wait_for(comm.read(HANDSHAKE_FRAME_LIMIT), HANDSHAKE_TIMEOUT)
+        except (CommClosedError, ProtocolError, asyncio.TimeoutError) as exc:
+            logger.info("dropped connection from %s before handshake: %s", peer, exc or "timeout")
+            comm.close()
+            return
+        hello = messages[0] if messages else {}
+        problem = self._check_hello(hello)
+        if problem:
+            logger.warning("refused connection from %s: %s", peer, problem)
+            await refuse(comm, problem)
+            return
+        self.comms.add(comm)
+        try:
+            await self.handler(comm, hello)
+        finally:
+            self.comms.discard(comm)
+            comm.close()
+
+    def _check_hello(self, hello: Message) -> str | None:
+        if hello.get("op") != "hello":
+            return "the first message must be a handshake ({'op': 'hello', ...})"
+        if hello.get("protocol") != PROTOCOL_VERSION:
+            return (
+                f"protocol version {hello.get('protocol')!r} is not supported; this server speaks "
+                f"version {PROTOCOL_VERSION}: use the same apportion version on both sides"
+            )
+        if self.token is not None:
+            offered = hello.get("token")
+            if not isinstance(offered, str) or not hmac.compare_digest(offered, self.token):
+                what = "no" if offered is None else "a wrong"
+                return f"authentication failed: {what} token was presented"
+        if hello.get("role") not in self.roles:
+            return f"unknown role {hello.get('role')!r}; expected one of {list(self.roles)}"
+        return None
+
+    def close_all(self) -> None:
+        self.stop()
+        for comm in list(self.comms):
+            comm.close("server shutting down")
+
+
+async def refuse(comm: Comm, reason: str) -> None:
+    try:
+        await comm.write([{"op": "refused", "reason": reason}])
+    except CommClosedError:
+        pass
+    comm.close(reason)

@@ -1,0 +1,81 @@
+"""Request/reply over pooled connections: one connection per peer, replies matched by id."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+from apportion.aio import background
+from apportion.protocol.comm import Comm, CommClosedError, connect
+from apportion.protocol.frames import Message, ProtocolError
+
+logger = logging.getLogger("apportion.comm")
+
+
+class ConnectionPool:
+    def __init__(self, role: str, token: str | None) -> None:
+        self.role = role
+        self.token = token
+        self._comms: dict[str, Comm] = {}
+        self._connecting: dict[str, asyncio.Future[Comm]] = {}
+        self._pending: dict[int, tuple[str, asyncio.Future[Message]]] = {}
+        self._ids = itertools.count(1)
+
+    async def _comm_for(self, address: str) -> Comm:
+        comm = self._comms.get(address)
+        if comm is not None and not comm.closed:
+            return comm
+        pending = self._connecting.get(address)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Comm] = asyncio.get_running_loop().create_future()
+        self._connecting[address] = future
+        try:
+            comm, _ = await connect(address, self.role, self.token)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # observed: waiters re-raise it
+            raise
+        finally:
+            self._connecting.pop(address, None)
+        self._comms[address] = comm
+        future.set_result(comm)
+        background(self._read_replies(address, comm))
+        return comm
+
+    async def request(self, address: str, message: Message) -> Message:
+        comm = await self._comm_for(address)
+        request_id = next(self._ids)
+        reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (address, reply)
+        try:
+            comm.send({**message, "id": request_id})
+        except CommClosedError:
+            self._pending.pop(request_id, None)
+            raise
+        return await reply
+
+    async def _read_replies(self, address: str, comm: Comm) -> None:
+        reason: Exception = CommClosedError(f"connection to {address} closed")
+        try:
+            while True:
+                for message in await comm.read():
+                    entry = self._pending.pop(message.get("id", -1), None)
+                    if entry is not None and not entry[1].done():
+                        entry[1].set_result(message)
+        except (CommClosedError, ProtocolError) as exc:
+            reason = CommClosedError(f"connection to {address} lost: {exc}")
+        finally:
+            if self._comms.get(address) is comm:
+                del self._comms[address]
+            for request_id, (peer, future) in list(self._pending.items()):
+                if peer == address:
+                    del self._pending[request_id]
+                    if not future.done():
+                        future.set_exception(reason)
+
+    def close(self) -> None:
+        for comm in list(self._comms.values()):
+            comm.close()
+        self._comms.clear()

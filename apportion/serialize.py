@@ -1,0 +1,151 @@
+"""Turning functions, arguments, results and errors into bytes and back.
+
+Functions travel with cloudpickle. Arguments are pickled with futures replaced
+by *persistent ids* (their keys): the client learns the dependencies of a task
+for free, wherever the futures hide (lists, dicts, objects), and the worker
+substitutes each key by the dependency's value while unpickling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from apportion.errors import RemoteTraceback
+
+_DEP_TAG = "apportion-dep"
+_FUNCTION_CACHE_SIZE = 4096
+
+
+class SerializationError(TypeError):
+    """A function, argument or result could not be pickled."""
+
+
+class _ArgsPickler(cloudpickle.Pickler):
+    def __init__(self, file: io.BytesIO, dependency_type: type) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.dependency_type = dependency_type
+        self.dependencies: dict[str, None] = {}
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, self.dependency_type):
+            key = obj.key
+            self.dependencies[key] = None
+            return (_DEP_TAG, key)
+        return None
+
+
+class _ArgsUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, resolve: Callable[[str], Any]) -> None:
+        super().__init__(file)
+        self.resolve = resolve
+
+    def persistent_load(self, pid: Any) -> Any:
+        tag, key = pid
+        if tag != _DEP_TAG:
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+        return self.resolve(key)
+
+
+class FunctionPickleCache:
+    """Pickles each function object once (``client.map`` of one function is common)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[Any, bytes]] = {}
+
+    def dumps(self, func: Callable[..., Any]) -> bytes:
+        hit = self._cache.get(id(func))
+        if hit is not None and hit[0] is func:
+            return hit[1]
+        try:
+            data = cloudpickle.dumps(func, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise SerializationError(f"cannot serialize function {func!r}: {exc}") from exc
+        if len(self._cache) >= _FUNCTION_CACHE_SIZE:
+            self._cache.clear()
+        # Holding the function keeps its id from being reused by another object.
+        self._cache[id(func)] = (func, data)
+        return data
+
+
+class FunctionLoadCache:
+    """Unpickles each distinct function payload once per worker process."""
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, Any] = {}
+
+    def loads(self, data: bytes) -> Any:
+        func = self._cache.get(data)
+        if func is None:
+            func = pickle.loads(data)
+            if len(self._cache) >= _FUNCTION_CACHE_SIZE:
+                self._cache.clear()
+            self._cache[data] = func
+        return func
+
+
+def dumps_args(args: tuple, kwargs: dict, dependency_type: type) -> tuple[bytes, list[str]]:
+    """Pickle ``(args, kwargs)``; returns the bytes and the keys of futures inside."""
+    buffer = io.BytesIO()
+    pickler = _ArgsPickler(buffer, dependency_type)
+    try:
+        pickler.dump((args, kwargs))
+    except Exception as exc:
+        raise SerializationError(f"cannot serialize task arguments: {exc}") from exc
+    return buffer.getvalue(), list(pickler.dependencies)
+
+
+def loads_args(data: bytes, resolve: Callable[[str], Any]) -> tuple[tuple, dict]:
+    return _ArgsUnpickler(io.BytesIO(data), resolve).load()
+
+
+def dumps_value(value: Any) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        try:
+            return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise SerializationError(
+                f"cannot serialize value of type {type(value).__name__}: {exc}"
+            ) from exc
+
+
+def loads_value(data: bytes) -> Any:
+    return pickle.loads(data)
+
+
+def dumps_exception(exc: BaseException) -> tuple[bytes, str]:
+    """Pickle an exception raised by a task, with its traceback text for the client."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        data = dumps_value(exc)
+        pickle.loads(data)  # some exceptions pickle but cannot be rebuilt
+    except Exception:
+        data = dumps_value(RuntimeError(f"{type(exc).__name__}: {exc}"))
+    return data, text
+
+
+def loads_exception(data: bytes, text: str) -> BaseException:
+    """Rebuild a task's exception with the remote traceback attached as its cause."""
+    try:
+        exc = loads_value(data)
+    except Exception as problem:
+        exc = RuntimeError(f"task failed and its exception could not be loaded ({problem})")
+    if isinstance(exc, BaseException):
+        exc.__cause__ = RemoteTraceback(text)
+        return exc
+    return RuntimeError(f"task failed with a non-exception {exc!r}")
+
+
+def tokenize(*parts: bytes) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        digest.update(part)
+    return digest.hexdigest()

@@ -1,0 +1,1 @@
+"""Scheduler: task state machine, placement, resource accounting, network shell."""

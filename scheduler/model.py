@@ -1,0 +1,119 @@
+"""The scheduler's records of tasks and workers (plain data, no behaviour)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apportion.resources import Resources, Shape
+
+# States in which a task still has to run (so it needs its dependencies).
+ACTIVE = frozenset({"waiting", "queued", "no-worker", "processing"})
+
+
+class TaskState:
+    __slots__ = (
+        "args",
+        "dependencies",
+        "dependents",
+        "exception",
+        "func",
+        "key",
+        "n_waiting",
+        "nbytes",
+        "no_worker_since",
+        "priority",
+        "processing_on",
+        "queue_token",
+        "retries",
+        "run_id",
+        "seq",
+        "shape",
+        "state",
+        "suspicious",
+        "traceback",
+        "who_has",
+        "who_wants",
+    )
+
+    def __init__(
+        self,
+        key: str,
+        func: bytes,
+        args: bytes,
+        shape: Shape,
+        priority: int,
+        retries: int,
+        seq: int,
+    ) -> None:
+        self.key = key
+        self.func = func
+        self.args = args
+        self.shape = shape
+        self.priority = priority
+        self.retries = retries
+        self.seq = seq
+        self.state = "released"
+        self.dependencies: list[TaskState] = []
+        self.dependents: set[TaskState] = set()
+        self.n_waiting = 0
+        self.who_has: set[WorkerState] = set()
+        self.who_wants: set[str] = set()
+        self.processing_on: WorkerState | None = None
+        self.run_id: int | None = None
+        self.nbytes = 0
+        self.exception: bytes | None = None
+        self.traceback: str | None = None
+        self.suspicious = 0
+        self.no_worker_since: float | None = None
+        self.queue_token = 0
+
+    def __repr__(self) -> str:
+        return f"<Task {self.key!r} {self.state}>"
+
+
+class WorkerState:
+    __slots__ = (
+        "address",
+        "fitting_shapes",
+        "free",
+        "has_what",
+        "info",
+        "last_seen",
+        "memory_limit",
+        "name",
+        "nthreads",
+        "processing",
+        "slots",
+        "total",
+        "used",
+    )
+
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        nthreads: int,
+        resources: Resources,
+        prefetch: int,
+        memory_limit: int | None = None,
+        info: dict[str, Any] | None = None,
+    ) -> None:
+        self.address = address
+        self.name = name
+        self.nthreads = max(1, int(nthreads))
+        self.total: Resources = dict(resources)
+        self.used: Resources = dict.fromkeys(resources, 0)
+        # Kept equal to total - used, so fit checks need no subtraction on the hot path.
+        self.free: Resources = dict(resources)
+        self.slots = self.nthreads + max(0, prefetch)
+        # run_id -> task. Entries stay until the worker reports the run over, even when
+        # the task was cancelled meanwhile: that is when its resources are really free.
+        self.processing: dict[int, TaskState] = {}
+        self.has_what: set[TaskState] = set()
+        self.fitting_shapes: set[Shape] = set()
+        self.memory_limit = memory_limit
+        self.last_seen = 0.0
+        self.info = info or {}
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.name} {self.address}>"

@@ -1,0 +1,112 @@
+"""Pure placement decisions: which worker gets a ready task, and why none can.
+
+Rule: a task needing demand D may go to worker W only if ``total(W) >= D`` and
+is assigned only when ``free(W) >= D`` and W has a free slot. Among those,
+prefer the worker holding most bytes of the task's dependencies, else the
+least loaded one.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from apportion.resources import Shape, fits, format_resources
+
+if TYPE_CHECKING:
+    from apportion.scheduler.model import TaskState, WorkerState
+
+
+def can_start(ws: WorkerState, shape: Shape) -> bool:
+    return len(ws.processing) < ws.slots and fits(shape, ws.free)
+
+
+def pick_worker(
+    ts: TaskState, fitting: set[WorkerState], with_slots: Iterable[WorkerState]
+) -> WorkerState | None:
+    """Choose a worker that can start ``ts`` now, or None if every fitting worker is full."""
+    if ts.dependencies:
+        best: WorkerState | None = None
+        best_bytes = -1
+        scores: dict[WorkerState, int] = {}
+        for dep in ts.dependencies:
+            for holder in dep.who_has:
+                scores[holder] = scores.get(holder, 0) + max(dep.nbytes, 1)
+        for holder, held in scores.items():
+            if held > best_bytes and holder in fitting and can_start(holder, ts.shape):
+                best, best_bytes = holder, held
+        if best is not None:
+            return best
+    best = None
+    best_load = float("inf")
+    for ws in with_slots:
+        if ws in fitting and fits(ts.shape, ws.free):
+            load = len(ws.processing) / ws.nthreads
+            if load < best_load:
+                best, best_load = ws, load
+                if load == 0:
+                    break
+    return best
+
+
+def explain_no_worker(shape: Shape, workers: Iterable[WorkerState]) -> str:
+    """Say why no live worker could ever run a demand, naming the largest offers."""
+    workers = list(workers)
+    demand = format_resources(dict(shape))
+    if not workers:
+        return f"no workers are connected; the demand {demand} waits for one that has it"
+    parts = []
+    for name, amount in shape:
+        largest = max((ws.total.get(name, 0) for ws in workers), default=0)
+        if largest < amount:
+            offered = f"the most any worker has is {largest}" if largest else "no worker has any"
+            parts.append(f"{name}={amount} needed, {offered}")
+    return (
+        f"no live worker has {demand} ({'; '.join(parts)}); the task waits until a worker "
+        "with these resources joins"
+    )
+
+
+class ReadyQueues:
+    """Ready tasks bucketed by demand shape; each bucket ordered by (priority, submission)."""
+
+    def __init__(self) -> None:
+        self.by_shape: dict[Shape, list[tuple[int, int, int, TaskState]]] = {}
+        self._tokens = 0
+
+    def push(self, ts: TaskState) -> None:
+        heap = self.by_shape.get(ts.shape)
+        if heap is None:
+            heap = self.by_shape[ts.shape] = []
+        # The token tells a live entry from a stale one left by an earlier stay in the queue.
+        self._tokens += 1
+        ts.queue_token = self._tokens
+        heapq.heappush(heap, (-ts.priority, ts.seq, self._tokens, ts))
+
+    def __len__(self) -> int:
+        return sum(len(h) for h in self.by_shape.values())
+
+    def _head(self, shape: Shape) -> TaskState | None:
+        heap = self.by_shape[shape]
+        while heap and (heap[0][3].state != "queued" or heap[0][3].queue_token != heap[0][2]):
+            heapq.heappop(heap)  # lazily drop tasks that left the queue another way
+        if not heap:
+            del self.by_shape[shape]
+            return None
+        return heap[0][3]
+
+    def pop_for(self, ws: WorkerState) -> TaskState | None:
+        """Remove and return the most urgent queued task ``ws`` can start now."""
+        best: TaskState | None = None
+        for shape in list(self.by_shape):
+            if shape not in ws.fitting_shapes or not fits(shape, ws.free):
+                continue
+            head = self._head(shape)
+            if head is not None and (
+                best is None or (-head.priority, head.seq) < (-best.priority, best.seq)
+            ):
+                best = head
+        if best is not None:
+            heapq.heappop(self.by_shape[best.shape])
+        return best

@@ -1,0 +1,286 @@
+"""The scheduler's network shell: connections in, state machine calls, outbox out."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import uuid
+from typing import Any
+
+import tornado.web
+from apportion.scheduler.state import SchedulerState
+from tornado.httpserver import HTTPServer
+from tornado.ioloop import PeriodicCallback
+
+from apportion import config
+from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError
+from apportion.protocol.comm import format_address, refuse
+from apportion.resources import validate
+
+logger = logging.getLogger("apportion.scheduler")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8786,
+        token: str | None = None,
+        http_port: int | None = None,
+        validate_every_batch: bool = False,
+    ) -> None:
+        self.host = host
+        self.requested_port = port
+        self.token = token
+        self.http_port = http_port
+        self.state = SchedulerState()
+        self.listener = Listener(self._serve, token, roles=("client", "worker"))
+        self.comms: dict[str, Comm] = {}
+        self.address = ""
+        self.validate_every_batch = validate_every_batch
+        self._runs: dict[int, _BroadcastRun] = {}
+        self._run_ids = itertools.count(1)
+        self._periodic: list[PeriodicCallback] = []
+        self._http: HTTPServer | None = None
+        self.stopped = asyncio.Event()
+
+    # --------------------------------------------------------------- lifecycle
+    async def start(self) -> Scheduler:
+        port = self.listener.listen_on(self.host, self.requested_port)
+        self.address = format_address(
+            self.host if self.host not in ("", "0.0.0.0") else _contact_host(), port
+        )
+        if self.http_port is not None:
+            self._http = HTTPServer(_status_app(self))
+            self._http.listen(self.http_port, address=self.host)
+            self.http_port = next(iter(self._http._sockets.values())).getsockname()[1]
+        self._periodic = [
+            PeriodicCallback(self._check_timeouts, 200),
+            PeriodicCallback(self._check_heartbeats, 1000),
+        ]
+        for callback in self._periodic:
+            callback.start()
+        logger.info("scheduler listening at %s", self.address)
+        return self
+
+    async def close(self) -> None:
+        for callback in self._periodic:
+            callback.stop()
+        self.listener.close_all()
+        if self._http is not None:
+            self._http.stop()
+        self.stopped.set()
+
+    # ------------------------------------------------------------- connections
+    async def _serve(self, comm: Comm, hello: Message) -> None:
+        if hello["role"] == "worker":
+            await self._serve_worker(comm, hello)
+        else:
+            await self._serve_client(comm, hello)
+
+    async def _serve_worker(self, comm: Comm, hello: Message) -> None:
+        try:
+            address = str(hello["address"])
+            name = str(hello.get("name") or address)
+            resources = validate(hello.get("resources") or {}, what="capacity")
+            nthreads = int(hello.get("nthreads", 1))
+        except (KeyError, TypeError, ValueError) as exc:
+            await refuse(comm, f"invalid worker registration: {exc}")
+            return
+        clash = next(
+            (ws for ws in self.state.workers.values() if ws.address == address or ws.name == name),
+            None,
+        )
+        if clash is not None:
+            await refuse(
+                comm,
+                f"a worker named {clash.name!r} at {clash.address} is already "
+                "registered; give each worker a unique --name",
+            )
+            return
+        info = {k: hello[k] for k in ("pid", "host") if k in hello}
+        comm.send({"op": "welcome", "scheduler": self.address})
+        self.comms[address] = comm
+        self.state.add_worker(address, name, nthreads, resources, hello.get("memory_limit"), info)
+        self._flush()
+        handlers = {
+            "task-finished": self.state.handle_task_finished,
+            "task-erred": self.state.handle_task_erred,
+            "task-released": self.state.handle_task_released,
+            "missing-deps": self.state.handle_missing_deps,
+            "run-result": self._on_run_result,
+        }
+        reason = "connection closed"
+        try:
+            while True:
+                for message in await comm.read():
+                    op = message["op"]
+                    if op == "heartbeat":
+                        self.state.handle_heartbeat(address)
+                        continue
+                    handler = handlers.get(op)
+                    if handler is None:
+                        raise ProtocolError(f"unknown worker operation {op!r}")
+                    handler(address, message)
+                self._flush()
+        except CommClosedError:
+            pass
+        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+            reason = f"protocol error: {exc!r}"
+            logger.warning("closing worker %s (%s): %s", name, address, reason)
+        finally:
+            self.comms.pop(address, None)
+            comm.close(reason)
+            self.state.remove_worker(address, reason)
+            for run in list(self._runs.values()):
+                self._on_run_result(address, {"id": run.run_id, "lost": True}, run)
+            self._flush()
+
+    async def _serve_client(self, comm: Comm, hello: Message) -> None:
+        client = str(hello.get("client_id") or f"client-{uuid.uuid4().hex[:12]}")
+        if client in self.comms:
+            await refuse(comm, f"client id {client!r} is already connected")
+            return
+        self.comms[client] = comm
+        self.state.add_client(client)
+        comm.send({"op": "welcome", "client_id": client, "scheduler": self.address})
+        try:
+            while True:
+                for message in await comm.read():
+                    self._on_client_message(client, comm, message)
+                self._flush()
+        except CommClosedError:
+            pass
+        except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+            logger.warning("closing client %s: protocol error: %r", client, exc)
+            try:
+                await comm.write([{"op": "error", "reason": f"protocol error: {exc!r}"}])
+            except CommClosedError:
+                pass
+        finally:
+            self.comms.pop(client, None)
+            comm.close()
+            self.state.remove_client(client)
+            self._flush()
+
+    def _on_client_message(self, client: str, comm: Comm, message: Message) -> None:
+        op = message["op"]
+        if op == "submit":
+            self.state.handle_submit(client, message["tasks"])
+        elif op == "release":
+            self.state.handle_release(client, message["keys"])
+        elif op == "cancel":
+            self.state.handle_cancel(client, message["keys"])
+        elif op == "info":
+            reply: dict[str, Any] = self.state.info()
+            reply.update(address=self.address, id=message["id"], op="info-reply")
+            if message.get("check"):
+                reply["problems"] = self.state.check_invariants()
+            comm.send(reply)
+        elif op == "run":
+            self._start_broadcast(client, message)
+        elif op == "close":
+            comm.close("client closed")
+        else:
+            raise ProtocolError(f"unknown client operation {op!r}")
+
+    def _flush(self) -> None:
+        if self.validate_every_batch:
+            problems = self.state.check_invariants()
+            if problems:
+                logger.error("scheduler invariants broken: %s", problems)
+        for dest, messages in self.state.take_outbox().items():
+            comm = self.comms.get(dest)
+            if comm is not None and not comm.closed:
+                comm.send_many(messages)
+
+    # ------------------------------------------------------ client.run broadcast
+    def _start_broadcast(self, client: str, message: Message) -> None:
+        run = _BroadcastRun(
+            next(self._run_ids), client, message["id"], set(self.comms) & set(self.state.workers)
+        )
+        self._runs[run.run_id] = run
+        for address in run.waiting:
+            self.comms[address].send(
+                {"op": "run", "id": run.run_id, "func": message["func"], "args": message["args"]}
+            )
+        self._maybe_finish_run(run)
+
+    def _on_run_result(self, address: str, message: Message, run: Any = None) -> None:
+        run = run or self._runs.get(message["id"])
+        if run is None or address not in run.waiting:
+            return
+        run.waiting.discard(address)
+        if message.get("lost"):
+            run.results[address] = {"error": f"worker {address} left before answering"}
+        else:
+            run.results[address] = {
+                k: message[k] for k in ("result", "exception", "traceback") if k in message
+            }
+        self._maybe_finish_run(run)
+
+    def _maybe_finish_run(self, run: _BroadcastRun) -> None:
+        if run.waiting:
+            return
+        del self._runs[run.run_id]
+        comm = self.comms.get(run.client)
+        if comm is not None and not comm.closed:
+            comm.send({"op": "run-reply", "id": run.reply_id, "results": run.results})
+
+    # ---------------------------------------------------------------- timers
+    def _check_timeouts(self) -> None:
+        deadline = self.state.next_deadline()
+        if deadline is not None and deadline <= self.state.clock():
+            self.state.check_timeouts()
+            self._flush()
+
+    def _check_heartbeats(self) -> None:
+        timeout = float(config.get("scheduler.worker-timeout"))
+        now = self.state.clock()
+        for ws in list(self.state.workers.values()):
+            if now - ws.last_seen > timeout:
+                comm = self.comms.get(ws.address)
+                logger.warning("worker %s silent for %.0fs; removing it", ws.name, timeout)
+                if comm is not None:
+                    comm.close(f"no heartbeat for {timeout:g}s")
+
+
+class _BroadcastRun:
+    def __init__(self, run_id: int, client: str, reply_id: int, waiting: set[str]) -> None:
+        self.run_id = run_id
+        self.client = client
+        self.reply_id = reply_id
+        self.waiting = waiting
+        self.results: dict[str, dict[str, Any]] = {}
+
+
+def _contact_host() -> str:
+    """The address other machines can reach this one at, when listening on all interfaces."""
+    return os.environ.get("APPORTION_CONTACT_HOST") or _guess_ip()
+
+
+def _guess_ip() -> str:
+    import socket
+
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _status_app(scheduler: Scheduler) -> tornado.web.Application:
+    class Health(tornado.web.RequestHandler):
+        def get(self) -> None:
+            self.write("ok")
+
+    class Info(tornado.web.RequestHandler):
+        def get(self) -> None:
+            info = scheduler.state.info()
+            info["address"] = scheduler.address
+            self.set_header("Content-Type", "application/json")
+            self.write(json.dumps(info))
+
+    return tornado.web.Application([(r"/health", Health), (r"/api/v1/info", Info)])

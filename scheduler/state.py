@@ -1,0 +1,606 @@
+"""The scheduler's state machine: stimuli in, messages out, no I/O.
+
+Every ``handle_*`` method changes state and appends messages to ``outbox``
+(destination -> messages); the network shell drains it after each batch.
+Destinations are worker addresses and client ids.
+
+Resource accounting: a worker's resources are acquired when a task is assigned
+to it and released exactly once, when the worker reports that run over
+(finished, erred, released after a cancel) or when the worker is removed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from apportion.scheduler.model import ACTIVE, TaskState, WorkerState
+from apportion.scheduler.placement import ReadyQueues, explain_no_worker, pick_worker
+
+from apportion import config
+from apportion.errors import KilledWorkerError, NoValidWorkerError
+from apportion.resources import Shape, fits, format_resources, to_shape
+from apportion.serialize import dumps_value
+
+logger = logging.getLogger("apportion.scheduler")
+
+Message = dict[str, Any]
+
+
+class SchedulerState:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.tasks: dict[str, TaskState] = {}
+        self.workers: dict[str, WorkerState] = {}
+        self.clients: set[str] = set()
+        self.ready = ReadyQueues()
+        # Workers able to take one more task, in arrival order (a dict used as ordered set).
+        self.with_slots: dict[WorkerState, None] = {}
+        # Every demand shape seen, with the workers whose totals cover it.
+        self.fitting: dict[Shape, set[WorkerState]] = {}
+        self.no_worker: dict[Shape, dict[TaskState, None]] = {}
+        self.outbox: dict[str, list[Message]] = {}
+        self._notices: dict[tuple[str, Shape], list[str]] = {}
+        self._seq = itertools.count()
+        self._run_ids = itertools.count(1)
+        self.prefetch = int(config.get("scheduler.worker-prefetch"))
+        self.allowed_failures = int(config.get("scheduler.allowed-failures"))
+        timeout = config.get("scheduler.no-worker-timeout")
+        self.no_worker_timeout: float | None = None if timeout is None else float(timeout)
+
+    # ------------------------------------------------------------------ output
+    def send(self, dest: str, message: Message) -> None:
+        box = self.outbox.get(dest)
+        if box is None:
+            box = self.outbox[dest] = []
+        box.append(message)
+
+    def take_outbox(self) -> dict[str, list[Message]]:
+        for (client, shape), keys in self._notices.items():
+            self.send(
+                client,
+                {
+                    "op": "no-worker",
+                    "keys": keys,
+                    "resources": dict(shape),
+                    "why": explain_no_worker(shape, self.workers.values()),
+                },
+            )
+        self._notices.clear()
+        out, self.outbox = self.outbox, {}
+        return out
+
+    # ----------------------------------------------------------------- clients
+    def add_client(self, client: str) -> None:
+        self.clients.add(client)
+
+    def remove_client(self, client: str) -> None:
+        self.clients.discard(client)
+        wanted = [ts for ts in self.tasks.values() if client in ts.who_wants]
+        for ts in wanted:
+            ts.who_wants.discard(client)
+        for ts in wanted:
+            self._release_if_unneeded(ts)
+
+    def handle_submit(self, client: str, specs: list[Message]) -> None:
+        new: list[TaskState] = []
+        for spec in specs:
+            key = spec["key"]
+            ts = self.tasks.get(key)
+            if ts is not None:
+                ts.who_wants.add(client)
+                self._report_existing(client, ts)
+                continue
+            ts = TaskState(
+                key,
+                spec["func"],
+                spec["args"],
+                to_shape(spec.get("resources")),
+                int(spec.get("priority", 0)),
+                int(spec.get("retries", 0)),
+                next(self._seq),
+            )
+            ts.who_wants.add(client)
+            self.tasks[key] = ts
+            missing = [dep for dep in spec.get("deps", ()) if dep not in self.tasks]
+            if missing:
+                self._fail(
+                    ts,
+                    ValueError(
+                        f"task {key!r} depends on {missing}, which the scheduler no longer knows: "
+                        "keep the futures you pass as arguments alive until the task is submitted"
+                    ),
+                )
+                continue
+            ts.dependencies = [self.tasks[dep] for dep in spec.get("deps", ())]
+            for dep in ts.dependencies:
+                dep.dependents.add(ts)
+            new.append(ts)
+        for ts in new:
+            self._ensure_computed(ts)
+
+    def _report_existing(self, client: str, ts: TaskState) -> None:
+        if ts.state == "memory":
+            self.send(client, self._finished_message(ts, None))
+        elif ts.state == "erred":
+            self.send(client, self._erred_message(ts))
+        elif ts.state == "released":
+            self._ensure_computed(ts)
+        elif ts.state == "no-worker":
+            self._notices.setdefault((client, ts.shape), []).append(ts.key)
+
+    def handle_release(self, client: str, keys: list[str]) -> None:
+        for key in keys:
+            ts = self.tasks.get(key)
+            if ts is not None:
+                ts.who_wants.discard(client)
+                self._release_if_unneeded(ts)
+
+    def handle_cancel(self, client: str, keys: list[str]) -> None:
+        """Cancel tasks and everything still to run that depends on them, for every client."""
+        stack = [self.tasks[k] for k in keys if k in self.tasks]
+        seen: set[TaskState] = set()
+        while stack:
+            ts = stack.pop()
+            if ts in seen or ts.state == "memory":
+                continue
+            seen.add(ts)
+            for wanter in ts.who_wants:
+                self.send(wanter, {"op": "task-cancelled", "key": ts.key})
+            ts.who_wants.clear()
+            stack.extend(d for d in ts.dependents if d.state in ACTIVE)
+        for ts in seen:
+            self._release_if_unneeded(ts)
+
+    # ----------------------------------------------------------------- workers
+    def add_worker(
+        self,
+        address: str,
+        name: str,
+        nthreads: int,
+        resources: dict[str, float],
+        memory_limit: int | None = None,
+        info: dict[str, Any] | None = None,
+    ) -> WorkerState:
+        ws = WorkerState(address, name, nthreads, resources, self.prefetch, memory_limit, info)
+        ws.last_seen = self.clock()
+        self.workers[address] = ws
+        self.with_slots[ws] = None
+        for shape, fitting in self.fitting.items():
+            if fits(shape, ws.total):
+                fitting.add(ws)
+                ws.fitting_shapes.add(shape)
+        for shape in [s for s in self.no_worker if s in ws.fitting_shapes]:
+            for ts in self.no_worker.pop(shape):
+                ts.state = "released"
+                ts.no_worker_since = None
+                self._make_ready(ts)
+        self._fill(ws)
+        logger.info("worker %s joined from %s with %s", name, address, format_resources(ws.total))
+        return ws
+
+    def remove_worker(self, address: str, reason: str = "connection lost") -> None:
+        ws = self.workers.pop(address, None)
+        if ws is None:
+            return
+        logger.warning("worker %s (%s) removed: %s", ws.name, address, reason)
+        self.with_slots.pop(ws, None)
+        for shape in ws.fitting_shapes:
+            self.fitting[shape].discard(ws)
+        # 1. Data that lived only there is lost.
+        lost = []
+        for ts in ws.has_what:
+            ts.who_has.discard(ws)
+            if not ts.who_has and ts.state == "memory":
+                lost.append(ts)
+        ws.has_what.clear()
+        for ts in lost:
+            self._forget_data(ts)
+        # 2. Tasks it was running go back to be placed elsewhere.
+        rerun = []
+        for ts in ws.processing.values():
+            if ts.processing_on is not ws:
+                continue  # a run cancelled earlier; nothing to redo
+            ts.processing_on = None
+            ts.run_id = None
+            ts.suspicious += 1
+            if ts.suspicious > self.allowed_failures:
+                self._fail(
+                    ts,
+                    KilledWorkerError(
+                        f"task {ts.key!r} was running on {ts.suspicious} workers that died "
+                        f"(last: {ws.name} at {address}, {reason}); it is probably what kills them"
+                    ),
+                )
+            else:
+                ts.state = "released"
+                rerun.append(ts)
+        ws.processing.clear()
+        # 3. Recompute what is still needed, from lineage.
+        for ts in rerun + lost:
+            if self._needed(ts):
+                self._ensure_computed(ts)
+            else:
+                self._release_if_unneeded(ts)
+
+    def handle_heartbeat(self, address: str) -> None:
+        ws = self.workers.get(address)
+        if ws is not None:
+            ws.last_seen = self.clock()
+
+    def handle_task_finished(self, address: str, msg: Message) -> None:
+        ws = self.workers.get(address)
+        ts = self._end_run(ws, msg["run_id"])
+        if ws is None or ts is None:
+            return
+        if ts.processing_on is not ws or ts.run_id != msg["run_id"]:
+            # A stale run (cancelled or reassigned): drop its result unless it is wanted here.
+            if ts.state != "processing" or ts.processing_on is not ws:
+                self._free_on(ws, ts)
+            self._fill(ws)
+            return
+        ts.processing_on = None
+        ts.run_id = None
+        ts.state = "memory"
+        ts.nbytes = int(msg.get("nbytes", 0))
+        ts.who_has.add(ws)
+        ws.has_what.add(ts)
+        finished = self._finished_message(ts, msg.get("data"))
+        for wanter in ts.who_wants:
+            self.send(wanter, finished)
+        for dependent in ts.dependents:
+            if dependent.state == "waiting":
+                dependent.n_waiting -= 1
+                if dependent.n_waiting == 0:
+                    self._make_ready(dependent)
+        for dep in ts.dependencies:
+            self._release_if_unneeded(dep)
+        if not self._needed(ts):
+            self._release_if_unneeded(ts)
+        self._fill(ws)
+
+    def handle_task_erred(self, address: str, msg: Message) -> None:
+        ws = self.workers.get(address)
+        ts = self._end_run(ws, msg["run_id"])
+        if ws is None or ts is None:
+            return
+        if ts.processing_on is ws and ts.run_id == msg["run_id"]:
+            ts.processing_on = None
+            ts.run_id = None
+            if ts.retries > 0:
+                ts.retries -= 1
+                ts.state = "released"
+                logger.info("task %s failed on %s; retrying (%d left)", ts.key, ws.name, ts.retries)
+                self._ensure_computed(ts)
+            else:
+                self._fail_with(ts, msg["exception"], msg.get("traceback", ""))
+        self._fill(ws)
+
+    def handle_task_released(self, address: str, msg: Message) -> None:
+        ws = self.workers.get(address)
+        ts = self._end_run(ws, msg["run_id"])
+        if ws is not None and ts is not None:
+            if ts.processing_on is ws and ts.run_id == msg["run_id"]:
+                # The worker gave back a run we still wanted (it is shutting down): redo it.
+                ts.processing_on = None
+                ts.run_id = None
+                ts.state = "released"
+                self._ensure_computed(ts)
+            self._fill(ws)
+
+    def handle_missing_deps(self, address: str, msg: Message) -> None:
+        """A worker could not fetch some dependencies from the holders it was told of."""
+        ws = self.workers.get(address)
+        ts = self._end_run(ws, msg["run_id"])
+        for dep_key, holders in msg.get("missing", {}).items():
+            dep = self.tasks.get(dep_key)
+            if dep is None:
+                continue
+            for holder_address in holders:
+                holder = self.workers.get(holder_address)
+                if holder is not None and holder in dep.who_has:
+                    dep.who_has.discard(holder)
+                    holder.has_what.discard(dep)
+                    self.send(holder.address, {"op": "free-keys", "keys": [dep.key]})
+            if not dep.who_has and dep.state == "memory":
+                self._forget_data(dep)
+        if ts is not None and ts.processing_on is ws and ts.run_id == msg["run_id"]:
+            ts.processing_on = None
+            ts.run_id = None
+            ts.state = "released"
+            self._ensure_computed(ts)
+        if ws is not None:
+            self._fill(ws)
+
+    # ---------------------------------------------------------------- timeouts
+    def next_deadline(self) -> float | None:
+        if self.no_worker_timeout is None or not self.no_worker:
+            return None
+        since = min(ts.no_worker_since or 0.0 for tasks in self.no_worker.values() for ts in tasks)
+        return since + self.no_worker_timeout
+
+    def check_timeouts(self) -> None:
+        if self.no_worker_timeout is None:
+            return
+        now = self.clock()
+        for shape in list(self.no_worker):
+            expired = [
+                ts
+                for ts in self.no_worker[shape]
+                if ts.no_worker_since is not None
+                and now - ts.no_worker_since >= self.no_worker_timeout
+            ]
+            for ts in expired:
+                self._fail(
+                    ts,
+                    NoValidWorkerError(
+                        f"task {ts.key!r} needs {format_resources(dict(shape))} but waited "
+                        f"{self.no_worker_timeout:g}s without any worker that could run it: "
+                        f"{explain_no_worker(shape, self.workers.values())}. Start a worker with "
+                        "these resources, or lower the task's demand"
+                    ),
+                )
+
+    # -------------------------------------------------------------- transitions
+    def _needed(self, ts: TaskState) -> bool:
+        if ts.who_wants:
+            return True
+        return any(d.state in ACTIVE for d in ts.dependents)
+
+    def _ensure_computed(self, root: TaskState) -> None:
+        """Bring a released task (and released dependencies) back on its way to memory."""
+        stack = [root]
+        while stack:
+            ts = stack.pop()
+            if ts.state != "released":
+                continue
+            missing = [d for d in ts.dependencies if d.state != "memory"]
+            erred = next((d for d in missing if d.state == "erred"), None)
+            if erred is not None:
+                self._fail_with(ts, erred.exception or b"", erred.traceback or "")
+                continue
+            ts.n_waiting = len(missing)
+            if missing:
+                ts.state = "waiting"
+                stack.extend(d for d in missing if d.state == "released")
+            else:
+                self._make_ready(ts)
+
+    def _make_ready(self, ts: TaskState) -> None:
+        fitting = self.fitting.get(ts.shape)
+        if fitting is None:
+            fitting = self.fitting[ts.shape] = set()
+            for ws in self.workers.values():
+                if fits(ts.shape, ws.total):
+                    fitting.add(ws)
+                    ws.fitting_shapes.add(ts.shape)
+        if not fitting:
+            ts.state = "no-worker"
+            ts.no_worker_since = self.clock()
+            self.no_worker.setdefault(ts.shape, {})[ts] = None
+            for client in ts.who_wants:
+                self._notices.setdefault((client, ts.shape), []).append(ts.key)
+            return
+        ws = pick_worker(ts, fitting, self.with_slots)
+        if ws is None:
+            ts.state = "queued"
+            self.ready.push(ts)
+        else:
+            self._assign(ts, ws)
+
+    def _assign(self, ts: TaskState, ws: WorkerState) -> None:
+        run_id = next(self._run_ids)
+        ts.state = "processing"
+        ts.processing_on = ws
+        ts.run_id = run_id
+        ws.processing[run_id] = ts
+        for name, amount in ts.shape:
+            ws.used[name] += amount
+            ws.free[name] -= amount
+        if len(ws.processing) >= ws.slots:
+            self.with_slots.pop(ws, None)
+        self.send(
+            ws.address,
+            {
+                "op": "compute",
+                "key": ts.key,
+                "run_id": run_id,
+                "func": ts.func,
+                "args": ts.args,
+                "deps": {d.key: [w.address for w in d.who_has] for d in ts.dependencies},
+                "resources": dict(ts.shape),
+                "priority": ts.priority,
+            },
+        )
+
+    def _end_run(self, ws: WorkerState | None, run_id: int) -> TaskState | None:
+        """Release the resources of a run the worker reports over (exactly once)."""
+        if ws is None:
+            return None
+        ts = ws.processing.pop(run_id, None)
+        if ts is None:
+            return None
+        for name, amount in ts.shape:
+            ws.used[name] -= amount
+            # Float sums of fractional demands drift; snap to the exact totals.
+            if abs(ws.used[name]) < 1e-9:
+                ws.used[name] = 0
+            ws.free[name] = ws.total[name] - ws.used[name]
+        if ws.address in self.workers and len(ws.processing) < ws.slots:
+            self.with_slots[ws] = None
+        return ts
+
+    def _fill(self, ws: WorkerState) -> None:
+        """Hand queued tasks to a worker while it has free slots and resources."""
+        while len(ws.processing) < ws.slots and self.ready.by_shape:
+            ts = self.ready.pop_for(ws)
+            if ts is None:
+                return
+            self._assign(ts, ws)
+
+    def _leave_current_state(self, ts: TaskState) -> None:
+        if ts.state == "no-worker":
+            self.no_worker.get(ts.shape, {}).pop(ts, None)
+            if not self.no_worker.get(ts.shape, True):
+                del self.no_worker[ts.shape]
+            ts.no_worker_since = None
+        elif ts.state == "processing" and ts.processing_on is not None:
+            # The run keeps its resources until the worker confirms it stopped.
+            self.send(ts.processing_on.address, {"op": "cancel", "run_id": ts.run_id})
+            ts.processing_on = None
+            ts.run_id = None
+        # "queued" entries are dropped lazily by ReadyQueues.
+
+    def _release_if_unneeded(self, ts: TaskState) -> None:
+        stack = [ts]
+        while stack:
+            ts = stack.pop()
+            if ts.key not in self.tasks or self._needed(ts):
+                continue
+            if ts.state == "memory":
+                for holder in ts.who_has:
+                    holder.has_what.discard(ts)
+                    self._free_on(holder, ts)
+                ts.who_has.clear()
+            else:
+                self._leave_current_state(ts)
+            ts.state = "released"
+            if not ts.dependents:
+                del self.tasks[ts.key]
+                ts.state = "forgotten"
+                for dep in ts.dependencies:
+                    dep.dependents.discard(ts)
+                    stack.append(dep)
+            else:
+                stack.extend(ts.dependencies)
+
+    def _forget_data(self, ts: TaskState) -> None:
+        """Data of a task in memory vanished: dependents not yet started must wait again."""
+        ts.state = "released"
+        for client in ts.who_wants:
+            self.send(client, {"op": "task-lost", "key": ts.key})
+        for dependent in ts.dependents:
+            if dependent.state == "waiting":
+                dependent.n_waiting += 1
+            elif dependent.state in ("queued", "no-worker"):
+                self._leave_current_state(dependent)
+                dependent.state = "waiting"
+                dependent.n_waiting = sum(d.state != "memory" for d in dependent.dependencies)
+
+    def _free_on(self, ws: WorkerState, ts: TaskState) -> None:
+        current = self.tasks.get(ts.key)
+        if current is not None and (current.processing_on is ws or ws in current.who_has):
+            return  # the same key is (again) wanted there
+        if ws.address in self.workers:
+            self.send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+
+    def _fail(self, ts: TaskState, exc: BaseException) -> None:
+        self._fail_with(ts, dumps_value(exc), "")
+
+    def _fail_with(self, root: TaskState, exception: bytes, traceback: str) -> None:
+        """Mark a task erred, and every dependent still to run, telling whoever wants them."""
+        stack = [root]
+        while stack:
+            ts = stack.pop()
+            if ts.state == "erred":
+                continue
+            self._leave_current_state(ts)
+            ts.state = "erred"
+            ts.exception = exception
+            ts.traceback = traceback
+            message = self._erred_message(ts)
+            for wanter in ts.who_wants:
+                self.send(wanter, message)
+            stack.extend(d for d in ts.dependents if d.state in ACTIVE)
+        for dep in root.dependencies:
+            self._release_if_unneeded(dep)
+
+    @staticmethod
+    def _finished_message(ts: TaskState, data: bytes | None) -> Message:
+        message: Message = {
+            "op": "task-finished",
+            "key": ts.key,
+            "nbytes": ts.nbytes,
+            "who_has": [ws.address for ws in ts.who_has],
+        }
+        if data is not None:
+            message["data"] = data
+        return message
+
+    @staticmethod
+    def _erred_message(ts: TaskState) -> Message:
+        return {
+            "op": "task-erred",
+            "key": ts.key,
+            "exception": ts.exception,
+            "traceback": ts.traceback,
+        }
+
+    # ------------------------------------------------------------ introspection
+    def info(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for ts in self.tasks.values():
+            counts[ts.state] = counts.get(ts.state, 0) + 1
+        return {
+            "workers": {
+                ws.address: {
+                    "name": ws.name,
+                    "address": ws.address,
+                    "nthreads": ws.nthreads,
+                    "resources": dict(ws.total),
+                    "used_resources": dict(ws.used),
+                    "memory_limit": ws.memory_limit,
+                    "processing": len(ws.processing),
+                    "in_memory": len(ws.has_what),
+                    **ws.info,
+                }
+                for ws in self.workers.values()
+            },
+            "tasks": counts,
+            "clients": len(self.clients),
+            "no_worker": [
+                {
+                    "resources": dict(shape),
+                    "tasks": len(tasks),
+                    "why": explain_no_worker(shape, self.workers.values()),
+                }
+                for shape, tasks in self.no_worker.items()
+            ],
+            "queued": [
+                {"resources": dict(shape), "tasks": len(heap)}
+                for shape, heap in self.ready.by_shape.items()
+            ],
+        }
+
+    def check_invariants(self) -> list[str]:
+        """Problems with resource accounting (empty when all is well); used by the tests."""
+        problems = []
+        for ws in self.workers.values():
+            expected: dict[str, float] = dict.fromkeys(ws.total, 0)
+            for ts in ws.processing.values():
+                for name, amount in ts.shape:
+                    expected[name] = expected.get(name, 0) + amount
+            for name, total in ws.total.items():
+                used = ws.used.get(name, 0)
+                if used > total + 1e-9:
+                    problems.append(f"{ws.name}: {name} used {used} > total {total}")
+                if abs(used - expected.get(name, 0)) > 1e-9:
+                    problems.append(
+                        f"{ws.name}: {name} used {used} != sum of running demands "
+                        f"{expected.get(name, 0)}"
+                    )
+                if abs(ws.free[name] - (total - used)) > 1e-9:
+                    problems.append(f"{ws.name}: {name} free {ws.free[name]} != total - used")
+            if len(ws.processing) > ws.slots:
+                problems.append(f"{ws.name}: {len(ws.processing)} runs > {ws.slots} slots")
+        for ts in self.tasks.values():
+            if ts.state == "processing" and (
+                ts.processing_on is None or ts.run_id not in ts.processing_on.processing
+            ):
+                problems.append(f"task {ts.key} processing without a run")
+            if ts.state == "memory" and not ts.who_has:
+                problems.append(f"task {ts.key} in memory nowhere")
+        return problems

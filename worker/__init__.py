@@ -1,0 +1,1 @@
+"""Worker: runs tasks within its declared resources, serves results to peers."""

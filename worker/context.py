@@ -1,0 +1,41 @@
+"""What a running task can learn about where it runs: ``get_worker()``."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """The running task: its key, the resources granted and, for whole-number
+    resources, the unit indices it holds (``{"GPU": [1]}``)."""
+
+    key: str
+    resources: dict[str, float] = field(default_factory=dict)
+    units: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    name: str
+    address: str
+    nthreads: int
+    resources: dict[str, float]
+    scheduler_address: str
+    task: TaskInfo | None = None
+
+
+_local = threading.local()
+
+
+def get_worker() -> WorkerInfo:
+    """The worker running the current task (only inside a task or ``client.run``)."""
+    info = getattr(_local, "worker", None)
+    if info is None:
+        raise ValueError("get_worker() works only inside a task or a client.run function")
+    return info
+
+
+def set_current(info: WorkerInfo | None) -> None:
+    _local.worker = info

@@ -1,0 +1,436 @@
+"""The worker process: runs tasks in threads within its declared resources.
+
+Tasks arrive from the scheduler (``compute``); their dependencies are fetched
+from peers; a task starts only when a thread is free *and* the local ledger has
+its resources free, whatever the scheduler sent. Results stay here and are
+served to peers and clients; small ones also travel back with the completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from apportion.worker.context import TaskInfo, WorkerInfo, set_current
+from apportion.worker.local_resources import LocalResources
+from tornado.ioloop import PeriodicCallback
+
+from apportion import config
+from apportion.aio import background
+from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
+from apportion.protocol.comm import format_address, parse_address
+from apportion.protocol.rpc import ConnectionPool
+from apportion.resources import Shape, format_resources, to_shape, validate
+from apportion.serialize import (
+    FunctionLoadCache,
+    dumps_exception,
+    dumps_value,
+    loads_args,
+    loads_value,
+)
+
+logger = logging.getLogger("apportion.worker")
+
+
+class LocalTask:
+    __slots__ = (
+        "args",
+        "cancelled",
+        "deps",
+        "fetch_keys",
+        "func",
+        "key",
+        "priority",
+        "run_id",
+        "shape",
+        "state",
+        "units",
+    )
+
+    def __init__(self, message: Message) -> None:
+        self.key: str = message["key"]
+        self.run_id: int = message["run_id"]
+        self.func: bytes = message["func"]
+        self.args: bytes = message["args"]
+        self.deps: dict[str, list[str]] = message.get("deps") or {}
+        self.shape: Shape = to_shape(message.get("resources"))
+        self.priority: int = message.get("priority", 0)
+        self.state = "fetching"
+        self.cancelled = False
+        self.units: dict[str, list[int]] = {}
+        # Dependencies not computed here: fetched from peers and reference-counted.
+        self.fetch_keys: list[str] = []
+
+
+class Worker:
+    def __init__(
+        self,
+        scheduler_address: str,
+        name: str | None = None,
+        nthreads: int | None = None,
+        resources: dict[str, float] | None = None,
+        host: str | None = None,
+        port: int = 0,
+        contact_host: str | None = None,
+        token: str | None = None,
+        memory_limit: int | None = None,
+    ) -> None:
+        self.scheduler_address = scheduler_address
+        configured = config.get("worker.resources", {}) or {}
+        merged = {**configured, **(resources or {})}
+        self.resources = validate(merged, what="capacity")
+        self.nthreads = int(nthreads or config.get("worker.nthreads") or 1)
+        sched_host, _ = parse_address(scheduler_address)
+        loopback = sched_host in ("127.0.0.1", "localhost", "::1")
+        self.host = host or ("127.0.0.1" if loopback else "0.0.0.0")
+        self.port = port
+        self.contact_host = contact_host
+        self.name = name or ""
+        self.token = token
+        self.memory_limit = memory_limit
+        self.ledger = LocalResources(self.resources)
+        self.tasks: dict[int, LocalTask] = {}
+        self.ready: list[LocalTask] = []
+        self.running = 0
+        self.data: dict[str, Any] = {}
+        # Dependencies fetched from peers, kept while a task here still needs them.
+        self.fetched: dict[str, Any] = {}
+        self.fetched_refs: dict[str, int] = {}
+        self._fetching: dict[str, asyncio.Future[None]] = {}
+        self.functions = FunctionLoadCache()
+        self.executor = ThreadPoolExecutor(self.nthreads, thread_name_prefix="apportion-task")
+        self.peers = ConnectionPool("peer", token)
+        self.listener = Listener(self._serve_peer, token, roles=("peer", "client"))
+        self.scheduler: Comm | None = None
+        self.address = ""
+        self.inline_limit = int(config.get("worker.inline-result-bytes"))
+        self.finished = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._heartbeat: PeriodicCallback | None = None
+
+    # --------------------------------------------------------------- lifecycle
+    async def start(self) -> Worker:
+        self._loop = asyncio.get_running_loop()
+        port = self.listener.listen_on(self.host, self.port)
+        contact = self.contact_host or (
+            self.host if self.host != "0.0.0.0" else _route_ip(self.scheduler_address)
+        )
+        self.address = format_address(contact, port)
+        self.name = self.name or self.address
+        hello = {
+            "address": self.address,
+            "name": self.name,
+            "nthreads": self.nthreads,
+            "resources": self.resources,
+            "memory_limit": self.memory_limit,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }
+        self.scheduler, _ = await connect(self.scheduler_address, "worker", self.token, hello)
+        interval = float(config.get("worker.heartbeat-interval")) * 1000
+        self._heartbeat = PeriodicCallback(self._send_heartbeat, interval)
+        self._heartbeat.start()
+        background(self._serve_scheduler(self.scheduler))
+        logger.info(
+            "worker %s at %s connected to %s with %s and %d threads",
+            self.name,
+            self.address,
+            self.scheduler_address,
+            format_resources(self.resources),
+            self.nthreads,
+        )
+        return self
+
+    async def close(self, reason: str = "closing") -> None:
+        if self.finished.is_set():
+            return
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        if self.scheduler is not None:
+            self.scheduler.close(reason)
+        self.listener.close_all()
+        self.peers.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.finished.set()
+
+    def _send_heartbeat(self) -> None:
+        if self.scheduler is not None and not self.scheduler.closed:
+            self.scheduler.send({"op": "heartbeat"})
+
+    def _send(self, message: Message) -> None:
+        if self.scheduler is not None and not self.scheduler.closed:
+            self.scheduler.send(message)
+
+    # ------------------------------------------------------ scheduler messages
+    async def _serve_scheduler(self, comm: Comm) -> None:
+        reason = "scheduler connection closed"
+        try:
+            while True:
+                for message in await comm.read():
+                    op = message["op"]
+                    if op == "compute":
+                        self._on_compute(message)
+                    elif op == "cancel":
+                        self._on_cancel(message["run_id"])
+                    elif op == "free-keys":
+                        for key in message["keys"]:
+                            self.data.pop(key, None)
+                    elif op == "run":
+                        background(self._on_run(message))
+                    else:
+                        logger.warning("ignoring unknown scheduler operation %r", op)
+        except CommClosedError:
+            pass
+        except (ProtocolError, KeyError, TypeError) as exc:
+            reason = f"bad message from scheduler: {exc!r}"
+            logger.error(reason)
+        logger.info("worker %s stopping: %s", self.name, reason)
+        await self.close(reason)
+
+    def _on_compute(self, message: Message) -> None:
+        task = LocalTask(message)
+        if not self.ledger.can_ever_fit(task.shape):
+            self._send(
+                _erred(
+                    task,
+                    ValueError(
+                        f"task {task.key!r} needs {format_resources(dict(task.shape))}, more than worker "
+                        f"{self.name} declared ({format_resources(self.resources)})"
+                    ),
+                )
+            )
+            return
+        self.tasks[task.run_id] = task
+        missing = [k for k in task.deps if k not in self.data and k not in self.fetched]
+        task.fetch_keys = [k for k in task.deps if k not in self.data]
+        for key in task.fetch_keys:
+            self.fetched_refs[key] = self.fetched_refs.get(key, 0) + 1
+        if missing:
+            background(self._gather_deps(task, missing))
+        else:
+            self._make_ready(task)
+
+    def _on_cancel(self, run_id: int) -> None:
+        task = self.tasks.get(run_id)
+        if task is None:
+            return
+        if task.state == "running":
+            task.cancelled = True  # its thread cannot be interrupted; reported when it ends
+            return
+        self._drop(task)
+        self._send({"op": "task-released", "key": task.key, "run_id": run_id})
+        self._start_ready()
+
+    def _drop(self, task: LocalTask) -> None:
+        self.tasks.pop(task.run_id, None)
+        if task in self.ready:
+            self.ready.remove(task)
+        for key in task.fetch_keys:
+            refs = self.fetched_refs.get(key, 0) - 1
+            if refs <= 0:
+                self.fetched_refs.pop(key, None)
+                self.fetched.pop(key, None)
+            else:
+                self.fetched_refs[key] = refs
+        task.fetch_keys = []
+
+    # ------------------------------------------------------------ dependencies
+    async def _gather_deps(self, task: LocalTask, keys: list[str]) -> None:
+        results = await asyncio.gather(
+            *(self._fetch(k, task.deps[k]) for k in keys), return_exceptions=True
+        )
+        if task.run_id not in self.tasks:
+            return
+        missing = {k: task.deps[k] for k, r in zip(keys, results, strict=True) if r is not None}
+        if missing:
+            logger.warning("task %s: could not fetch %s", task.key, sorted(missing))
+            self._drop(task)
+            self._send(
+                {"op": "missing-deps", "key": task.key, "run_id": task.run_id, "missing": missing}
+            )
+            self._start_ready()
+            return
+        self._make_ready(task)
+
+    async def _fetch(self, key: str, holders: list[str]) -> None:
+        """Fetch one dependency into ``self.fetched``; raises if no holder has it."""
+        if key in self.data or key in self.fetched:
+            return
+        pending = self._fetching.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future = asyncio.get_running_loop().create_future()
+        self._fetching[key] = future
+        try:
+            for holder in holders:
+                try:
+                    reply = await self.peers.request(holder, {"op": "get-data", "keys": [key]})
+                except (OSError, CommClosedError) as exc:
+                    logger.info("fetching %s from %s failed: %s", key, holder, exc)
+                    continue
+                if key in reply.get("data", {}):
+                    self.fetched[key] = loads_value(reply["data"][key])
+                    future.set_result(None)
+                    return
+            raise LookupError(f"no holder of {key!r} answered: {holders}")
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()
+            raise
+        finally:
+            self._fetching.pop(key, None)
+
+    # --------------------------------------------------------------- execution
+    def _make_ready(self, task: LocalTask) -> None:
+        task.state = "ready"
+        self.ready.append(task)
+        self._start_ready()
+
+    def _start_ready(self) -> None:
+        while self.running < self.nthreads and self.ready:
+            task = self._next_startable()
+            if task is None:
+                return
+            self.ready.remove(task)
+            task.units = self.ledger.acquire(task.shape)
+            task.state = "running"
+            self.running += 1
+            future = self.executor.submit(self._execute, task)
+            future.add_done_callback(
+                lambda f, t=task: self._loop.call_soon_threadsafe(self._on_done, t, f)
+            )
+
+    def _next_startable(self) -> LocalTask | None:
+        best: LocalTask | None = None
+        for task in self.ready:
+            if self.ledger.fits_now(task.shape) and (best is None or task.priority > best.priority):
+                best = task
+        return best
+
+    def _resolve(self, key: str) -> Any:
+        try:
+            return self.data[key]
+        except KeyError:
+            return self.fetched[key]
+
+    def _execute(self, task: LocalTask) -> tuple[bool, Any, bytes | None, str]:
+        """Runs in a task thread: returns (ok, value, pickled, traceback)."""
+        set_current(
+            WorkerInfo(
+                self.name,
+                self.address,
+                self.nthreads,
+                dict(self.resources),
+                self.scheduler_address,
+                TaskInfo(task.key, dict(task.shape), task.units),
+            )
+        )
+        try:
+            func = self.functions.loads(task.func)
+            args, kwargs = loads_args(task.args, self._resolve)
+            value = func(*args, **kwargs)
+            return True, value, dumps_value(value), ""
+        except BaseException as exc:
+            data, text = dumps_exception(exc)
+            return False, None, data, text
+        finally:
+            set_current(None)
+
+    def _on_done(self, task: LocalTask, future: Any) -> None:
+        self.running -= 1
+        self.ledger.release(task.shape, task.units)
+        self._drop(task)
+        if future.cancelled():
+            self._send({"op": "task-released", "key": task.key, "run_id": task.run_id})
+        elif task.cancelled:
+            self._send({"op": "task-released", "key": task.key, "run_id": task.run_id})
+        else:
+            ok, value, payload, text = future.result()
+            if ok:
+                self.data[task.key] = value
+                message: Message = {
+                    "op": "task-finished",
+                    "key": task.key,
+                    "run_id": task.run_id,
+                    "nbytes": len(payload),
+                }
+                if len(payload) <= self.inline_limit:
+                    message["data"] = payload
+                self._send(message)
+            else:
+                self._send(
+                    {
+                        "op": "task-erred",
+                        "key": task.key,
+                        "run_id": task.run_id,
+                        "exception": payload,
+                        "traceback": text,
+                    }
+                )
+        self._start_ready()
+
+    async def _on_run(self, message: Message) -> None:
+        """``client.run``: call a function in this worker process and answer."""
+        info = WorkerInfo(
+            self.name, self.address, self.nthreads, dict(self.resources), self.scheduler_address
+        )
+
+        def call() -> Message:
+            set_current(info)
+            try:
+                func = self.functions.loads(message["func"])
+                args, kwargs = loads_args(message["args"], self._resolve)
+                return {"result": dumps_value(func(*args, **kwargs))}
+            except BaseException as exc:
+                data, text = dumps_exception(exc)
+                return {"exception": data, "traceback": text}
+            finally:
+                set_current(None)
+
+        reply = await asyncio.get_running_loop().run_in_executor(None, call)
+        self._send({"op": "run-result", "id": message["id"], **reply})
+
+    # ------------------------------------------------------------ peer serving
+    async def _serve_peer(self, comm: Comm, hello: Message) -> None:
+        comm.send({"op": "welcome", "name": self.name})
+        try:
+            while True:
+                for message in await comm.read():
+                    if message["op"] != "get-data":
+                        raise ProtocolError(f"unknown peer operation {message['op']!r}")
+                    data = {}
+                    for key in message["keys"]:
+                        if key in self.data:
+                            data[key] = dumps_value(self.data[key])
+                    comm.send({"op": "data", "id": message.get("id"), "data": data})
+        except (CommClosedError, ProtocolError, KeyError, TypeError) as exc:
+            if not isinstance(exc, CommClosedError):
+                logger.warning("closing peer connection from %s: %r", comm.peer, exc)
+
+
+def _erred(task: LocalTask, exc: BaseException) -> Message:
+    data, text = dumps_exception(exc)
+    return {
+        "op": "task-erred",
+        "key": task.key,
+        "run_id": task.run_id,
+        "exception": data,
+        "traceback": text,
+    }
+
+
+def _route_ip(scheduler_address: str) -> str:
+    """The local IP this host uses toward the scheduler (no packet is sent)."""
+    host, port = parse_address(scheduler_address)
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((socket.gethostbyname(host), port))
+        return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    finally:
+        probe.close()
