@@ -194,15 +194,12 @@ class Worker:
     def _on_compute(self, message: Message) -> None:
         task = LocalTask(message)
         if not self.ledger.can_ever_fit(task.shape):
-            self._send(
-                _erred(
-                    task,
-                    ValueError(
-                        f"task {task.key!r} needs {format_resources(dict(task.shape))}, more than worker "
-                        f"{self.name} declared ({format_resources(self.resources)})"
-                    ),
-                )
+            demand = format_resources(dict(task.shape))
+            problem = ValueError(
+                f"task {task.key!r} needs {demand}, more than worker "
+                f"{self.name} declared ({format_resources(self.resources)})"
             )
+            self._send(_erred(task, problem))
             return
         self.tasks[task.run_id] = task
         missing = [k for k in task.deps if k not in self.data and k not in self.fetched]
