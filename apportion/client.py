@@ -193,7 +193,9 @@ class Client:
         args_bytes, deps = dumps_args(tuple(args), dict(kwargs), Future)
         if key is None:
             name = prefix or getattr(func, "__name__", type(func).__name__)
-            token = tokenize(func_bytes, args_bytes) if pure else uuid.uuid4().hex
+            # The demand is part of a pure key: the same call placed differently is another task.
+            demand = repr(sorted(options["resources"].items())).encode()
+            token = tokenize(func_bytes, args_bytes, demand) if pure else uuid.uuid4().hex
             key = f"{name}-{token}"
         elif not isinstance(key, str):
             raise TypeError(f"key must be a string, got {key!r}")

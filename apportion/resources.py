@@ -127,6 +127,8 @@ def format_resources(resources: Mapping[str, float]) -> str:
 
 
 def _fmt(value: float) -> str:
-    if isinstance(value, float) and value >= 1e6:
-        return f"{value:.3g}"
-    return str(value)
+    """Large amounts in engineering notation (``100e9``), small ones as they are."""
+    if value >= 1e6:
+        exponent = int(math.floor(math.log10(value) / 3) * 3)
+        return f"{value / 10**exponent:g}e{exponent}"
+    return f"{value:g}"

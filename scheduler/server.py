@@ -114,6 +114,7 @@ class Scheduler:
             "run-result": self._on_run_result,
         }
         reason = "connection closed"
+        expected = False
         try:
             while True:
                 for message in await comm.read():
@@ -121,6 +122,9 @@ class Scheduler:
                     if op == "heartbeat":
                         self.state.handle_heartbeat(address)
                         continue
+                    if op == "goodbye":
+                        reason, expected = f"worker left: {message.get('reason')}", True
+                        raise CommClosedError(reason)
                     handler = handlers.get(op)
                     if handler is None:
                         raise ProtocolError(f"unknown worker operation {op!r}")
@@ -134,7 +138,7 @@ class Scheduler:
         finally:
             self.comms.pop(address, None)
             comm.close(reason)
-            self.state.remove_worker(address, reason)
+            self.state.remove_worker(address, reason, expected)
             for run in list(self._runs.values()):
                 self._on_run_result(address, {"id": run.run_id, "lost": True}, run)
             self._flush()

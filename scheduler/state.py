@@ -182,11 +182,14 @@ class SchedulerState:
         logger.info("worker %s joined from %s with %s", name, address, format_resources(ws.total))
         return ws
 
-    def remove_worker(self, address: str, reason: str = "connection lost") -> None:
+    def remove_worker(
+        self, address: str, reason: str = "connection lost", expected: bool = False
+    ) -> None:
         ws = self.workers.pop(address, None)
         if ws is None:
             return
-        logger.warning("worker %s (%s) removed: %s", ws.name, address, reason)
+        level = logging.INFO if expected else logging.WARNING
+        logger.log(level, "worker %s (%s) removed: %s", ws.name, address, reason)
         self.with_slots.pop(ws, None)
         for shape in ws.fitting_shapes:
             self.fitting[shape].discard(ws)

@@ -150,7 +150,11 @@ class Worker:
             return
         if self._heartbeat is not None:
             self._heartbeat.stop()
-        if self.scheduler is not None:
+        if self.scheduler is not None and not self.scheduler.closed:
+            try:
+                await self.scheduler.write([{"op": "goodbye", "reason": reason}])
+            except CommClosedError:
+                pass
             self.scheduler.close(reason)
         self.listener.close_all()
         self.peers.close()

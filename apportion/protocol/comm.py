@@ -65,6 +65,8 @@ class Comm:
         self._queue: list[Message] = []
         self._flush_pending = False
         self._closed_reason: str | None = None
+        # Messages that arrived in the same frame as the handshake reply, for the next read.
+        self._backlog: list[Message] = []
         stream.set_nodelay(True)
 
     @property
@@ -108,6 +110,9 @@ class Comm:
             raise CommClosedError(f"connection to {self.peer} closed while writing") from None
 
     async def read(self, limit: int | None = None) -> list[Message]:
+        if self._backlog:
+            backlog, self._backlog = self._backlog, []
+            return backlog
         try:
             header = await self.stream.read_bytes(HEADER_BYTES)
             length = frame_length(header, limit or self.max_frame)
@@ -161,6 +166,7 @@ async def connect(
         comm.close()
         raise OSError(f"{address} closed the connection during the handshake") from None
     reply = replies[0] if replies else {}
+    comm._backlog = replies[1:]
     if reply.get("op") != "welcome":
         comm.close()
         reason = reply.get("reason", f"unexpected handshake reply {reply!r}")
