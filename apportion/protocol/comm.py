@@ -238,7 +238,7 @@ class Listener(TCPServer):
         if self.token is not None:
             offered = hello.get("token")
             if not isinstance(offered, str) or not hmac.compare_digest(offered, self.token):
-                what = "no" if offered is None else "a wrong"
+                what = "no" if not offered else "a wrong"
                 return f"authentication failed: {what} token was presented"
         if hello.get("role") not in self.roles:
             return f"unknown role {hello.get('role')!r}; expected one of {list(self.roles)}"

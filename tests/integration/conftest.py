@@ -39,7 +39,12 @@ def idle_client(client: Client) -> Iterator[Client]:
     yield client
     from tests.conftest import wait_until
 
-    wait_until(lambda: all(not any(w["used_resources"].values())
-                           for w in client.scheduler_info()["workers"].values()),
-               timeout=30, what="used resources back to zero")
+    wait_until(
+        lambda: all(
+            not any(w["used_resources"].values())
+            for w in client.scheduler_info()["workers"].values()
+        ),
+        timeout=30,
+        what="used resources back to zero",
+    )
     assert client.check_invariants() == []

@@ -57,9 +57,7 @@ def test_multi_resource_demand_is_limited_by_its_scarcest_resource() -> None:
     # A=2 but B=1: tasks needing {A:1, B:1} run one at a time despite 4 threads.
     worker = {"name": "ab", "nthreads": 4, "resources": {"A": 2, "B": 1}}
     with LocalCluster(workers=[worker]) as cluster, Client(cluster) as client:
-        records = client.gather(
-            client.map(hold, [0.03] * 8, range(8), resources={"A": 1, "B": 1})
-        )
+        records = client.gather(client.map(hold, [0.03] * 8, range(8), resources={"A": 1, "B": 1}))
         assert peak_concurrency(records) == {"ab": 1}
         plain = client.gather(client.map(hold, [0.05] * 8, range(8)))
         assert peak_concurrency(plain)["ab"] > 1, "unconstrained tasks use all threads"

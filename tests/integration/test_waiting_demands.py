@@ -6,13 +6,13 @@ import logging
 
 import pytest
 
-from apportion import Client, LocalCluster, NoValidWorkerError, config
+from apportion import Client, LocalCluster, NoValidWorkerError, NoWorkerWarning, config
 from tests.conftest import wait_until
 from tests.integration.tasks import hold
 
 
 def test_unmeetable_demand_waits_visibly_then_runs_when_a_fitting_worker_joins(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder
 ) -> None:
     small = [{"name": "small", "resources": {"GPU": 2}}]
     with LocalCluster(workers=small) as cluster, Client(cluster) as client:
@@ -23,7 +23,14 @@ def test_unmeetable_demand_waits_visibly_then_runs_when_a_fitting_worker_joins(
         assert waiting[0]["resources"] == {"GPU": 8}
         assert waiting[0]["tasks"] == 1
         assert "GPU=8 needed, the most any worker has is 2" in waiting[0]["why"]
-        wait_until(lambda: "GPU=8" in caplog.text, what="client warning naming the demand")
+        wait_until(lambda: "GPU=8" in caplog.text, what="client log naming the demand")
+        wait_until(
+            lambda: any(
+                issubclass(w.category, NoWorkerWarning) and "GPU=8" in str(w.message)
+                for w in recwarn
+            ),
+            what="NoWorkerWarning",
+        )
         assert not future.done()
 
         cluster.start_workers([{"name": "huge", "resources": {"GPU": 8}}])
@@ -31,6 +38,7 @@ def test_unmeetable_demand_waits_visibly_then_runs_when_a_fitting_worker_joins(
         assert client.scheduler_info()["no_worker"] == []
 
 
+@pytest.mark.filterwarnings("ignore::apportion.NoWorkerWarning")
 def test_no_worker_timeout_fails_the_task_naming_the_demand() -> None:
     with config.set({"scheduler.no-worker-timeout": 0.5}):
         cluster = LocalCluster(workers=[{"name": "cpu"}])

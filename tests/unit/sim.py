@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from apportion import config
 from apportion.scheduler.state import SchedulerState
+
+from apportion import config
 from apportion.serialize import dumps_exception, loads_value
 
 Message = dict[str, Any]

@@ -1,0 +1,173 @@
+"""Workers started from the command line, resources from config and environment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from apportion import Client, LocalCluster, config
+from tests.conftest import wait_until
+from tests.integration.tasks import hold, peak_concurrency
+
+APPORTION = [sys.executable, "-m", "apportion"]
+
+
+@pytest.fixture
+def scheduler_only() -> Iterator[LocalCluster]:
+    with LocalCluster(workers=[]) as cluster:
+        yield cluster
+
+
+def _start(args: list[str], cluster: LocalCluster, **env: str) -> subprocess.Popen:
+    environment = {**os.environ, "APPORTION_TOKEN": cluster.token, **env}
+    return subprocess.Popen([*APPORTION, *args], env=environment, stdin=subprocess.DEVNULL)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def test_process_pattern_runs_at_most_one_task_per_worker_process(
+    scheduler_only: LocalCluster,
+) -> None:
+    # apportion worker ADDR --nworkers 3 --nthreads 2 --resources "process=1"
+    workers = _start(
+        [
+            "worker",
+            scheduler_only.scheduler_address,
+            "--nworkers",
+            "3",
+            "--nthreads",
+            "2",
+            "--resources",
+            "process=1",
+            "--name",
+            "proc",
+        ],
+        scheduler_only,
+    )
+    try:
+        with Client(scheduler_only) as client:
+            client.wait_for_workers(3, timeout=60)
+            info = client.scheduler_info()["workers"].values()
+            assert sorted(w["name"] for w in info) == ["proc-0", "proc-1", "proc-2"]
+            assert all(w["resources"] == {"process": 1} and w["nthreads"] == 2 for w in info)
+            records = client.gather(
+                client.map(hold, [0.05] * 15, range(15), resources={"process": 1})
+            )
+            per_process = peak_concurrency(records, key="pid")
+            assert set(per_process.values()) == {1}, "one task at a time in each process"
+            assert len(per_process) == 3
+            assert (
+                max(peak_concurrency([{**r, "all": 0} for r in records], key="all").values()) <= 3
+            )
+    finally:
+        _stop(workers)
+
+
+def test_worker_resources_from_environment_and_explicit_flags_win(
+    scheduler_only: LocalCluster,
+) -> None:
+    from_env = _start(
+        ["worker", scheduler_only.scheduler_address, "--name", "env"],
+        scheduler_only,
+        APPORTION_WORKER__RESOURCES__GPU="2",
+    )
+    flag_wins = _start(
+        [
+            "worker",
+            scheduler_only.scheduler_address,
+            "--name",
+            "flag",
+            "--resources",
+            "GPU=1,MEMORY=100e9",
+        ],
+        scheduler_only,
+        APPORTION_WORKER__RESOURCES__GPU="2",
+    )
+    try:
+        with Client(scheduler_only) as client:
+            client.wait_for_workers(2, timeout=60)
+            by_name = {
+                w["name"]: w["resources"] for w in client.scheduler_info()["workers"].values()
+            }
+            assert by_name == {"env": {"GPU": 2}, "flag": {"GPU": 1, "MEMORY": 100e9}}
+    finally:
+        _stop(from_env)
+        _stop(flag_wins)
+
+
+def test_config_set_in_the_starting_process_applies_to_local_workers() -> None:
+    with config.set({"worker.resources.GPU": 2}):
+        cluster = LocalCluster(n_workers=1)
+    with cluster, Client(cluster) as client:
+        (info,) = client.scheduler_info()["workers"].values()
+        assert info["resources"] == {"GPU": 2}
+    with config.set({"worker.resources.GPU": 2}):
+        cluster = LocalCluster(n_workers=1, resources={"GPU": 1})
+    with cluster, Client(cluster) as client:
+        (info,) = client.scheduler_info()["workers"].values()
+        assert info["resources"] == {"GPU": 1}, "explicit arguments win over config"
+
+
+@pytest.mark.parametrize("spec", ["GPU", "GPU=abc", "=2", "GPU=-1"])
+def test_malformed_resource_spec_is_a_clear_cli_error(spec: str) -> None:
+    result = subprocess.run(
+        [*APPORTION, "worker", "tcp://127.0.0.1:1", "--resources", spec],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--resources" in result.stderr
+    assert spec.split("=")[0] in result.stderr or "malformed" in result.stderr
+
+
+def test_module_and_console_script_both_work() -> None:
+    for command in (APPORTION, [os.path.join(os.path.dirname(sys.executable), "apportion")]):
+        result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0
+        assert "scheduler" in result.stdout and "worker" in result.stdout
+
+
+def test_standalone_scheduler_serves_a_client_with_a_token(tmp_path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    scheduler = subprocess.Popen(
+        [
+            *APPORTION,
+            "scheduler",
+            "--port",
+            "0",
+            "--token-file",
+            str(token_file),
+            "--ready-fd",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        pass_fds=(1,),
+    )
+    try:
+        import json
+
+        address = json.loads(scheduler.stdout.readline())["address"]
+        with pytest.raises(ConnectionRefusedError, match="authentication failed"):
+            Client(address, token="wrong")
+        with Client(address, token="s3cret") as client:
+            assert client.scheduler_info()["workers"] == {}
+    finally:
+        _stop(scheduler)
+    wait_until(lambda: scheduler.poll() is not None, what="scheduler exit")
