@@ -72,7 +72,7 @@ def test_other_keys_are_case_insensitive(clean_env: Path) -> None:
 
 def test_unrelated_environment_variables_are_ignored(clean_env: Path) -> None:
     config.refresh({"HOME": "/x", "APPORTION_NOSEPARATOR": "1", "OTHER__X": "2"})
-    assert config.snapshot() == config.snapshot() and config.get("nosep", None) is None
+    assert config.get("noseparator", None) is None
     assert config.get("other.x", None) is None
 
 
@@ -120,7 +120,7 @@ def test_set_keeps_resource_name_case_and_normalises_the_rest(clean_env: Path) -
 
 def test_get_of_a_missing_key_raises_naming_it_or_returns_the_default(clean_env: Path) -> None:
     config.refresh({})
-    with pytest.raises(KeyError, match="scheduler.nope"):
+    with pytest.raises(KeyError, match=r"scheduler\.nope"):
         config.get("scheduler.nope")
     assert config.get("scheduler.nope", 42) == 42
     assert config.get("worker.resources.GPU", None) is None
@@ -186,7 +186,7 @@ def test_yaml_file_that_is_not_a_mapping_is_rejected_naming_the_file(
 ) -> None:
     path = _yaml(tmp_path / "bad.yaml", "- 1\n- 2\n")
     monkeypatch.setenv("APPORTION_CONFIG", str(path))
-    with pytest.raises(ValueError, match="bad.yaml"):
+    with pytest.raises(ValueError, match=r"bad\.yaml"):
         config.refresh()
 
 
