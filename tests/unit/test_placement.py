@@ -1,0 +1,115 @@
+"""Pure placement helpers: ready queues, worker choice, and why no worker fits."""
+
+from __future__ import annotations
+
+import pytest
+from apportion.scheduler.model import TaskState, WorkerState
+from apportion.scheduler.placement import ReadyQueues, can_start, explain_no_worker, pick_worker
+
+from apportion.resources import to_shape
+
+
+def worker(name: str, resources: dict | None = None, nthreads: int = 1) -> WorkerState:
+    ws = WorkerState(name, name, nthreads, dict(resources or {}), prefetch=0)
+    return ws
+
+
+def queued(key: str, demand: dict | None = None, priority: int = 0, seq: int = 0) -> TaskState:
+    ts = TaskState(key, b"", b"", to_shape(demand), priority, 0, seq)
+    ts.state = "queued"
+    return ts
+
+
+@pytest.mark.parametrize(
+    ("demand", "workers", "texts"),
+    [
+        ({"GPU": 8}, [], ["no workers are connected", "GPU=8"]),
+        ({"GPU": 8}, [{"GPU": 2}, {"GPU": 4}], ["GPU=8", "the most any worker has is 4"]),
+        ({"license": 1}, [{"GPU": 2}], ["license=1", "no worker has any"]),
+        ({"GPU": 1, "MEMORY": 1e12}, [{"GPU": 2, "MEMORY": 1e9}], ["MEMORY", "needed"]),
+    ],
+)
+def test_explain_no_worker_names_the_demand_and_the_largest_offer(
+    demand: dict, workers: list[dict], texts: list[str]
+) -> None:
+    why = explain_no_worker(to_shape(demand), [worker(f"w{i}", r) for i, r in enumerate(workers)])
+    for text in texts:
+        assert text in why
+
+
+def test_explanation_does_not_blame_resources_that_are_available() -> None:
+    why = explain_no_worker(to_shape({"GPU": 1, "MEMORY": 1e12}), [worker("w", {"GPU": 2})])
+    assert "GPU=1 needed" not in why
+
+
+def test_ready_queue_pops_by_priority_then_submission_across_shapes() -> None:
+    ws = worker("w", {"GPU": 2, "CPU": 2}, nthreads=8)
+    queues = ReadyQueues()
+    tasks = [
+        queued("a", {"GPU": 1}, priority=0, seq=0),
+        queued("b", {"CPU": 1}, priority=1, seq=1),
+        queued("c", {"GPU": 1}, priority=1, seq=2),
+        queued("d", None, priority=-1, seq=3),
+    ]
+    for ts in tasks:
+        queues.push(ts)
+        ws.fitting_shapes.add(ts.shape)
+    order = []
+    while (ts := queues.pop_for(ws)) is not None:
+        order.append(ts.key)
+        ts.state = "processing"
+    assert order == ["b", "c", "a", "d"]
+
+
+def test_ready_queue_skips_shapes_the_worker_cannot_fit_now_or_ever() -> None:
+    ws = worker("w", {"GPU": 1})
+    queues = ReadyQueues()
+    big = queued("big", {"GPU": 2}, priority=9)
+    small = queued("small", {"GPU": 1})
+    for ts in (big, small):
+        queues.push(ts)
+    ws.fitting_shapes.add(small.shape)
+    assert queues.pop_for(ws) is small
+    assert queues.pop_for(ws) is None
+
+
+def test_ready_queue_drops_stale_entries_lazily() -> None:
+    ws = worker("w", nthreads=4)
+    queues = ReadyQueues()
+    gone = queued("gone", seq=0)
+    requeued = queued("again", seq=1)
+    for ts in (gone, requeued):
+        queues.push(ts)
+        ws.fitting_shapes.add(ts.shape)
+    gone.state = "released"  # left the queue another way
+    queues.push(requeued)  # queued twice: only the newest entry is live
+    assert queues.pop_for(ws) is requeued
+    requeued.state = "processing"
+    assert queues.pop_for(ws) is None
+    assert queues.by_shape == {}
+
+
+@pytest.mark.parametrize(
+    ("running", "total", "demand", "expected"),
+    [
+        (0, {"GPU": 1}, {"GPU": 1}, True),
+        (1, {"GPU": 1}, {}, False),  # one thread, no prefetch: no free slot
+        (0, {"GPU": 1}, {"GPU": 2}, False),
+    ],
+)
+def test_can_start_needs_a_free_slot_and_free_resources(
+    running: int, total: dict, demand: dict, expected: bool
+) -> None:
+    ws = worker("w", total)
+    for i in range(running):
+        ws.processing[i] = queued(f"r{i}")
+    assert can_start(ws, to_shape(demand)) is expected
+
+
+def test_pick_worker_prefers_least_loaded_fitting_worker() -> None:
+    busy, idle, unfit = worker("busy", nthreads=2), worker("idle", nthreads=2), worker("x")
+    busy.processing[1] = queued("r")
+    ts = queued("t")
+    assert pick_worker(ts, {busy, idle}, [busy, idle, unfit]) is idle
+    assert pick_worker(ts, {busy}, [busy, idle]) is busy
+    assert pick_worker(ts, set(), [busy, idle]) is None
