@@ -102,14 +102,14 @@ def _parse_env_value(raw: str) -> Any:
         return raw
 
 
-def _from_files() -> dict[str, Any]:
+def _from_files(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     paths: list[Path] = []
-    home = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "apportion"
+    home = Path(environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "apportion"
     if home.is_dir():
         paths += sorted(home.glob("*.yaml")) + sorted(home.glob("*.yml"))
-    if os.environ.get("APPORTION_CONFIG"):
-        paths.append(Path(os.environ["APPORTION_CONFIG"]))
+    if environ.get("APPORTION_CONFIG"):
+        paths.append(Path(environ["APPORTION_CONFIG"]))
     for path in paths:
         loaded = yaml.safe_load(path.read_text()) or {}
         if not isinstance(loaded, Mapping):
@@ -141,7 +141,7 @@ def refresh(environ: Mapping[str, str] | None = None) -> None:
     """Rebuild the configuration from defaults, files, inherited config and environment."""
     environ = os.environ if environ is None else environ
     fresh = copy.deepcopy(DEFAULTS)
-    _merge(fresh, _from_files())
+    _merge(fresh, _from_files(environ))
     if environ.get(INHERITED_ENV):
         _merge(fresh, json.loads(environ[INHERITED_ENV]))
     _merge(fresh, _from_env(environ))

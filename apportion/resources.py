@@ -75,10 +75,14 @@ def to_shape(demand: Mapping[str, float] | None) -> Shape:
     return tuple(sorted(demand.items()))
 
 
+# Sums of fractional amounts drift (0.2 * 5 != 1.0 in floats); fit checks forgive that much.
+TOLERANCE = 1e-9
+
+
 def fits(demand: Shape, available: Mapping[str, float]) -> bool:
     """True when every demanded amount is available."""
     for name, amount in demand:
-        if available.get(name, 0) < amount:
+        if available.get(name, 0) + TOLERANCE < amount:
             return False
     return True
 

@@ -96,6 +96,15 @@ class ReadyQueues:
             return None
         return heap[0][3]
 
+    def drain(self, shape: Shape) -> list[TaskState]:
+        """Remove and return every live queued task of one shape, in queue order."""
+        heap = self.by_shape.pop(shape, [])
+        return [
+            entry[3]
+            for entry in sorted(heap)
+            if entry[3].state == "queued" and entry[3].queue_token == entry[2]
+        ]
+
     def pop_for(self, ws: WorkerState) -> TaskState | None:
         """Remove and return the most urgent queued task ``ws`` can start now."""
         best: TaskState | None = None

@@ -119,6 +119,8 @@ class SchedulerState:
             for dep in ts.dependencies:
                 dep.dependents.add(ts)
             new.append(ts)
+        # Most urgent first, so priority holds within one batch as well as across batches.
+        new.sort(key=lambda t: (-t.priority, t.seq))
         for ts in new:
             self._ensure_computed(ts)
 
@@ -191,8 +193,11 @@ class SchedulerState:
         level = logging.INFO if expected else logging.WARNING
         logger.log(level, "worker %s (%s) removed: %s", ws.name, address, reason)
         self.with_slots.pop(ws, None)
+        orphaned = []
         for shape in ws.fitting_shapes:
             self.fitting[shape].discard(ws)
+            if not self.fitting[shape]:
+                orphaned.extend(self.ready.drain(shape))
         # 1. Data that lived only there is lost.
         lost = []
         for ts in ws.has_what:
@@ -222,7 +227,12 @@ class SchedulerState:
                 ts.state = "released"
                 rerun.append(ts)
         ws.processing.clear()
-        # 3. Recompute what is still needed, from lineage.
+        # 3. Queued tasks no remaining worker could ever run now wait in no-worker.
+        for ts in orphaned:
+            if ts.state == "queued":  # not sent back to waiting by a lost dependency above
+                ts.state = "released"
+                self._make_ready(ts)
+        # 4. Recompute what is still needed, from lineage.
         for ts in rerun + lost:
             if self._needed(ts):
                 self._ensure_computed(ts)
@@ -310,6 +320,10 @@ class SchedulerState:
                     self.send(holder.address, {"op": "free-keys", "keys": [dep.key]})
             if not dep.who_has and dep.state == "memory":
                 self._forget_data(dep)
+                if self._needed(dep):
+                    self._ensure_computed(dep)
+                else:
+                    self._release_if_unneeded(dep)
         if ts is not None and ts.processing_on is ws and ts.run_id == msg["run_id"]:
             ts.processing_on = None
             ts.run_id = None
@@ -402,7 +416,7 @@ class SchedulerState:
         ws.processing[run_id] = ts
         for name, amount in ts.shape:
             ws.used[name] += amount
-            ws.free[name] -= amount
+            ws.free[name] = ws.total[name] - ws.used[name]
         if len(ws.processing) >= ws.slots:
             self.with_slots.pop(ws, None)
         self.send(
@@ -464,10 +478,11 @@ class SchedulerState:
             if ts.key not in self.tasks or self._needed(ts):
                 continue
             if ts.state == "memory":
-                for holder in ts.who_has:
+                holders = list(ts.who_has)
+                ts.who_has.clear()  # before _free_on, which skips holders still listed
+                for holder in holders:
                     holder.has_what.discard(ts)
                     self._free_on(holder, ts)
-                ts.who_has.clear()
             else:
                 self._leave_current_state(ts)
             ts.state = "released"

@@ -6,7 +6,7 @@ Whole-number resources (``GPU=2``) are also handed out as unit indices
 
 from __future__ import annotations
 
-from apportion.resources import Resources, Shape
+from apportion.resources import Resources, Shape, fits
 
 # Countable things (GPUs, licences) get unit indices; quantities like bytes do not.
 MAX_UNITS = 1024
@@ -27,7 +27,7 @@ class LocalResources:
         return all(self.total.get(name, 0) >= amount for name, amount in demand)
 
     def fits_now(self, demand: Shape) -> bool:
-        return all(self.total.get(name, 0) - self.used[name] >= amount for name, amount in demand)
+        return fits(demand, self.free())
 
     def acquire(self, demand: Shape) -> dict[str, list[int]]:
         """Take ``demand``; returns the unit indices granted for whole-number resources."""

@@ -177,7 +177,7 @@ def test_precedence_is_defaults_then_file_then_environment_then_set(
 def test_yaml_files_in_the_user_config_directory_are_read(clean_env: Path) -> None:
     (clean_env / "apportion").mkdir()
     _yaml(clean_env / "apportion" / "a.yaml", "scheduler:\n  allowed-failures: 5\n")
-    config.refresh({})
+    config.refresh({"XDG_CONFIG_HOME": str(clean_env)})
     assert config.get("scheduler.allowed-failures") == 5
 
 
@@ -190,12 +190,6 @@ def test_yaml_file_that_is_not_a_mapping_is_rejected_naming_the_file(
         config.refresh()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: config.refresh(environ) reads APPORTION_CONFIG and XDG_CONFIG_HOME from "
-    "os.environ (in _from_files), not from the environ mapping it was given, so "
-    "refresh({'APPORTION_CONFIG': path}) ignores the file",
-)
 def test_refresh_reads_the_config_file_named_in_the_given_environ(
     clean_env: Path, tmp_path: Path
 ) -> None:

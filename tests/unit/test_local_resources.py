@@ -116,12 +116,6 @@ def test_random_acquire_release_never_over_commits_nor_shares_a_unit(seed: int) 
     assert all(v == 0 for v in ledger.used.values())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: LocalResources.fits_now compares total - used where used is a float sum, so "
-    "LocalResources({'CPU': 1}) refuses the 5th acquire of CPU=0.2 (1 - 0.8000000000000002 "
-    "< 0.2) although the scheduler assigns it: the worker runs 4 where it declared room for 5",
-)
 def test_fractional_demands_that_sum_exactly_to_the_total_all_fit() -> None:
     ledger = LocalResources({"CPU": 1})
     for _ in range(5):

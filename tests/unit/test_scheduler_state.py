@@ -109,12 +109,6 @@ def test_worker_runs_only_what_its_free_resources_and_slots_allow(
     assert all(v == 0 for v in sim.used("w").values())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: scheduler/state.py _assign keeps ws.free by repeated subtraction, so float "
-    "drift makes free(CPU=1) after 19 x 0.05 equal 0.0499999999999997 < 0.05: a worker with "
-    "CPU=1 and 20 threads runs only 19 tasks needing CPU=0.05 at once",
-)
 def test_fractional_demands_that_sum_exactly_to_the_total_all_run_at_once(sim: Sim) -> None:
     sim.add_worker("w", {"CPU": 1}, nthreads=20)
     sim.submit_many([task(f"t{i}", resources={"CPU": 0.05}) for i in range(20)])
@@ -322,13 +316,6 @@ def test_task_leaving_no_worker_before_the_deadline_is_not_failed() -> None:
     assert sim.states() == {"t": "processing"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: remove_worker leaves tasks in 'queued' when the removed worker was the only "
-    "one whose totals covered their demand: they are never moved to 'no-worker', so "
-    "info()['no_worker'] under-reports them, the client gets no notice and the no-worker "
-    "timeout never fails them",
-)
 def test_queued_tasks_go_to_no_worker_when_the_last_fitting_worker_leaves() -> None:
     sim = Sim({"scheduler.no-worker-timeout": 5})
     sim.add_client("c")
@@ -528,14 +515,6 @@ def test_releasing_unneeded_tasks_forgets_them(sim: Sim) -> None:
     assert sim.state.workers["w"].has_what == set()
 
 
-FREE_KEYS_BUG = (
-    "BUG: _release_if_unneeded calls _free_on(holder, ts) before clearing ts.who_has, and "
-    "_free_on returns early when the holder is still in the (same) task's who_has, so no "
-    "'free-keys' message is ever sent for released results: workers keep them forever"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=FREE_KEYS_BUG)
 def test_releasing_a_result_tells_its_worker_to_free_it(sim: Sim) -> None:
     sim.add_worker("w")
     sim.submit("a")
@@ -544,7 +523,6 @@ def test_releasing_a_result_tells_its_worker_to_free_it(sim: Sim) -> None:
     assert sim.freed == {"w": ["a"]}
 
 
-@pytest.mark.xfail(strict=True, reason=FREE_KEYS_BUG)
 def test_intermediate_result_is_freed_once_its_dependents_are_in_memory(sim: Sim) -> None:
     sim.add_worker("w")
     sim.submit("a")
@@ -625,12 +603,6 @@ def test_priority_orders_queued_tasks_across_different_demands() -> None:
     assert sim.outstanding() == ["gpu-high"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: handle_submit makes tasks ready in the order of the batch, so with one free "
-    "slot a batch [low(priority=0), high(priority=10)] starts 'low' first; priority only "
-    "orders tasks that were already queued",
-)
 def test_priority_orders_tasks_submitted_in_one_batch() -> None:
     sim = Sim({"scheduler.worker-prefetch": 0})
     sim.add_client("c")
@@ -711,13 +683,6 @@ def test_missing_dependency_is_recomputed_and_the_dependent_reruns(sim: Sim) -> 
     assert sim.states() == {"a": "memory", "b": "memory"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: handle_missing_deps forgets the data of a dependency but only recomputes it "
-    "through the reporting task; when that run is stale (the dependent was cancelled before "
-    "the report arrived) a dependency the client still wants stays 'released' forever "
-    "after the client was told 'task-lost'",
-)
 def test_missing_deps_report_for_a_cancelled_run_still_recomputes_a_wanted_dependency(
     sim: Sim,
 ) -> None:
