@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -63,21 +65,32 @@ def aggregate(processed: list[tuple[float, Record]]) -> tuple[float, list[Record
     return total, [record for _, record in processed], _record("aggregate", start)
 
 
-def peak_use(records: list[Record]) -> dict[tuple[str, str], float]:
-    """Largest amount of each resource in use at once on each worker (a sweep over intervals)."""
-    events: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
-    for record in records:
-        for name, amount in record.resources.items():
-            events[(record.worker, name)].append((record.start, amount))
-            events[(record.worker, name)].append((record.end, -amount))
+def peak_overlap(intervals: Iterable[tuple[Hashable, float, float, float]]) -> dict[Any, float]:
+    """Largest total amount held at once per group, from ``(group, start, end, amount)``.
+
+    A sweep over start/end events; at equal times ends come first, so back-to-back
+    intervals do not count as overlapping.
+    """
+    events: dict[Hashable, list[tuple[float, float]]] = defaultdict(list)
+    for group, start, end, amount in intervals:
+        events[group] += [(start, amount), (end, -amount)]
     peaks = {}
-    for key, changes in events.items():
+    for group, changes in events.items():
         level = peak = 0.0
-        for _, delta in sorted(changes, key=lambda change: (change[0], change[1])):
+        for _, delta in sorted(changes):
             level += delta
             peak = max(peak, level)
-        peaks[key] = peak
+        peaks[group] = peak
     return peaks
+
+
+def peak_use(records: list[Record]) -> dict[tuple[str, str], float]:
+    """Largest amount of each resource in use at once on each worker."""
+    return peak_overlap(
+        ((r.worker, name), r.start, r.end, amount)
+        for r in records
+        for name, amount in r.resources.items()
+    )
 
 
 def run_demo(items: int = 400, console: Console | None = None) -> int:

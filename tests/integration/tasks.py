@@ -6,6 +6,7 @@ import os
 import time
 
 from apportion import get_worker
+from apportion.demo import peak_overlap
 
 
 def hold(seconds: float, tag: object = None) -> dict:
@@ -33,35 +34,15 @@ def double(x: int) -> int:
     return 2 * x
 
 
-def peak_concurrency(records: list[dict], key: str = "worker") -> dict[object, int]:
-    """Most records overlapping in time, per value of ``key`` (ends sort before starts)."""
-    events: dict[object, list[tuple[float, int]]] = {}
-    for record in records:
-        events.setdefault(record[key], []).extend([(record["start"], 1), (record["end"], -1)])
-    peaks = {}
-    for group, changes in events.items():
-        level = peak = 0
-        for _, delta in sorted(changes):
-            level += delta
-            peak = max(peak, level)
-        peaks[group] = peak
-    return peaks
+def peak_concurrency(records: list[dict], key: str = "worker") -> dict[object, float]:
+    """Most records overlapping in time, per value of ``key``."""
+    return peak_overlap((r[key], r["start"], r["end"], 1) for r in records)
 
 
-def peak_use(records: list[dict], resource: str) -> dict[str, float]:
+def peak_use(records: list[dict], resource: str) -> dict[object, float]:
     """Largest amount of ``resource`` held at once by overlapping records, per worker."""
-    events: dict[str, list[tuple[float, float]]] = {}
-    for record in records:
-        amount = record["resources"].get(resource, 0)
-        if amount:
-            events.setdefault(record["worker"], []).extend(
-                [(record["start"], amount), (record["end"], -amount)]
-            )
-    peaks = {}
-    for worker, changes in events.items():
-        level = peak = 0.0
-        for _, delta in sorted(changes):
-            level += delta
-            peak = max(peak, level)
-        peaks[worker] = peak
-    return peaks
+    return peak_overlap(
+        (r["worker"], r["start"], r["end"], r["resources"][resource])
+        for r in records
+        if r["resources"].get(resource)
+    )
