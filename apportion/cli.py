@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import click
 
@@ -164,24 +165,31 @@ def worker(
 
 
 def _supervise(nworkers: int, name: str | None) -> None:
-    """Start ``nworkers`` copies of this command, one worker each, and wait for them."""
+    """Run ``nworkers`` copies of this command, one worker each; restart any that crash."""
     args = sys.argv[1:]
     child_args = _without_option(_without_option(args, "--nworkers"), "--name")
     base = name or os.uname().nodename
-    children = [
-        subprocess.Popen([sys.executable, "-m", "apportion", *child_args, "--name", f"{base}-{i}"])
-        for i in range(nworkers)
-    ]
+    commands = [[sys.executable, "-m", "apportion", *child_args, "--name", f"{base}-{i}"]
+                for i in range(nworkers)]
+    children = [subprocess.Popen(command) for command in commands]
+    stopping = threading.Event()
 
     def forward(signum: int, _frame: object) -> None:
+        stopping.set()
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    codes = [child.wait() for child in children]
-    sys.exit(max(codes))
+    setup_logging()
+    while not stopping.wait(0.2):
+        for i, child in enumerate(children):
+            if child.poll() is not None and not stopping.is_set():
+                logger.warning("worker %s-%d exited with code %s; restarting it", base, i,
+                               child.returncode)
+                children[i] = subprocess.Popen(commands[i])
+    sys.exit(max(child.wait() for child in children))
 
 
 def _without_option(args: list[str], option: str) -> list[str]:

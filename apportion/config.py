@@ -45,6 +45,8 @@ DEFAULTS: dict[str, Any] = {
         "resources": {},
         "nthreads": None,
         "heartbeat-interval": 1.0,
+        # How long a worker keeps trying to reach a scheduler that is not (yet) there.
+        "connect-timeout": 300.0,
         # Results up to this many bytes travel with the completion message.
         "inline-result-bytes": 64 * 1024,
     },

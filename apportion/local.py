@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -19,12 +21,18 @@ from apportion.auth import TOKEN_ENV, generate_token
 from apportion.process import PARENT_PID_ENV
 from apportion.resources import format_resources, validate
 
+logger = logging.getLogger("apportion.local")
+
 
 @dataclass
 class WorkerProcess:
     name: str
     process: subprocess.Popen
+    args: list[str]
     address: str = ""
+    restarts: int = 0
+    # False for workers killed or closed on purpose, which must stay dead.
+    supervised: bool = True
 
     @property
     def pid(self) -> int:
@@ -75,7 +83,12 @@ class LocalCluster:
             args += ["--http-port", str(http_port)]
         launched = self._spawn(args)
         self._scheduler_process = launched[0]
-        self._finalizer = weakref.finalize(self, _terminate, [self._scheduler_process], [])
+        # Shared with the finalizer (which must not hold self): every process we started.
+        self._children: dict[str, subprocess.Popen] = {}
+        self._finalizer = weakref.finalize(self, _terminate, self._scheduler_process,
+                                           self._children)
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
         try:
             ready = self._await_ready([("scheduler", launched)])
             self.scheduler_address: str = ready["scheduler"]["address"]
@@ -84,6 +97,9 @@ class LocalCluster:
         except BaseException:
             self.close()
             raise
+        self._supervisor = threading.Thread(target=self._supervise, name="apportion-nanny",
+                                            daemon=True)
+        self._supervisor.start()
         atexit.register(self.close)
 
     @staticmethod
@@ -162,38 +178,51 @@ class LocalCluster:
         if clash:
             raise ValueError(f"workers named {clash} already exist in this cluster")
         launched = []
-        for spec in specs:
-            args = [
-                "worker",
-                self.scheduler_address,
-                "--name",
-                spec["name"],
-                "--nthreads",
-                str(spec["nthreads"]),
-                "--host",
-                self.host,
-            ]
-            if spec["resources"]:
-                args += [
-                    "--resources",
-                    ",".join(f"{k}={v!r}" for k, v in spec["resources"].items()),
-                ]
-            launched.append((spec["name"], self._spawn(args)))
-            self.workers[spec["name"]] = WorkerProcess(spec["name"], launched[-1][1][0])
+        with self._lock:
+            for spec in specs:
+                args = ["worker", self.scheduler_address, "--name", spec["name"],
+                        "--nthreads", str(spec["nthreads"]), "--host", self.host]
+                if spec["resources"]:
+                    args += ["--resources",
+                             ",".join(f"{k}={v!r}" for k, v in spec["resources"].items())]
+                process, fd = self._spawn(args)
+                launched.append((spec["name"], (process, fd)))
+                self.workers[spec["name"]] = WorkerProcess(spec["name"], process, args)
+                self._children[spec["name"]] = process
         ready = self._await_ready(launched)
         for name, details in ready.items():
             self.workers[name].address = details["address"]
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(
-            self, _terminate, [self._scheduler_process], [w.process for w in self.workers.values()]
-        )
         return [self.workers[name] for name, _ in launched]
 
-    def kill_worker(self, name: str) -> None:
-        """SIGKILL one worker process (to test recovery from a crash)."""
-        worker = self.workers.pop(name)
-        worker.process.send_signal(signal.SIGKILL)
+    def kill_worker(self, name: str, restart: bool = False) -> None:
+        """SIGKILL one worker process, as a crash would; ``restart`` lets the nanny revive it."""
+        with self._lock:
+            worker = self.workers[name] if restart else self.workers.pop(name)
+            worker.supervised = restart
+            worker.process.send_signal(signal.SIGKILL)
         worker.process.wait(timeout=10)
+
+    def _supervise(self) -> None:
+        """Restart worker processes that die unexpectedly (as a nanny would)."""
+        while not self._stopping.wait(0.1):
+            with self._lock:
+                dead = [w for w in self.workers.values()
+                        if w.supervised and w.process.poll() is not None]
+            for worker in dead:
+                if self._stopping.is_set():
+                    return
+                logger.warning("worker %s exited with code %s; restarting it", worker.name,
+                               worker.process.returncode)
+                with self._lock:
+                    process, fd = self._spawn(worker.args)
+                    worker.process = process
+                    worker.restarts += 1
+                    self._children[worker.name] = process
+                try:
+                    worker.address = self._await_ready([(worker.name, (process, fd))]
+                                                       )[worker.name]["address"]
+                except (RuntimeError, TimeoutError) as exc:
+                    logger.error("restarting worker %s failed: %s", worker.name, exc)
 
     @property
     def worker_pids(self) -> dict[str, int]:
@@ -205,8 +234,9 @@ class LocalCluster:
             return
         self._closed = True
         atexit.unregister(self.close)
-        self._finalizer.detach()
-        _terminate([self._scheduler_process], [w.process for w in self.workers.values()])
+        self._stopping.set()
+        with self._lock:
+            self._finalizer()
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -222,9 +252,9 @@ class LocalCluster:
         return f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers: {parts}>"
 
 
-def _terminate(schedulers: list[subprocess.Popen], workers: list[subprocess.Popen]) -> None:
+def _terminate(scheduler: subprocess.Popen, workers: dict[str, subprocess.Popen]) -> None:
     """Stop workers first (so they leave cleanly), then the scheduler; kill stragglers."""
-    for group in (workers, schedulers):
+    for group in (list(workers.values()), [scheduler]):
         for process in group:
             if process.poll() is None:
                 process.terminate()

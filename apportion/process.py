@@ -31,8 +31,11 @@ def announce_ready(ready_fd: int | None, details: dict[str, Any]) -> None:
     """Tell a launching process we are up: one JSON line on an inherited pipe."""
     if ready_fd is None:
         return
-    os.write(ready_fd, (json.dumps(details) + "\n").encode())
-    os.close(ready_fd)
+    try:
+        os.write(ready_fd, (json.dumps(details) + "\n").encode())
+        os.close(ready_fd)
+    except OSError:
+        pass  # the launcher stopped listening; we run on regardless
 
 
 def serve(

@@ -41,6 +41,7 @@ class LocalTask:
         "args",
         "cancelled",
         "deps",
+        "epoch",
         "fetch_keys",
         "func",
         "key",
@@ -64,6 +65,7 @@ class LocalTask:
         self.units: dict[str, list[int]] = {}
         # Dependencies not computed here: fetched from peers and reference-counted.
         self.fetch_keys: list[str] = []
+        self.epoch = 0
 
 
 class Worker:
@@ -111,6 +113,8 @@ class Worker:
         self.finished = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat: PeriodicCallback | None = None
+        # Bumped on every reconnection; runs from an earlier epoch report nothing.
+        self.epoch = 0
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Worker:
@@ -121,6 +125,19 @@ class Worker:
         )
         self.address = format_address(contact, port)
         self.name = self.name or self.address
+        await self._connect()
+        interval = float(config.get("worker.heartbeat-interval")) * 1000
+        self._heartbeat = PeriodicCallback(self._send_heartbeat, interval)
+        self._heartbeat.start()
+        background(self._serve_scheduler())
+        return self
+
+    async def _connect(self) -> None:
+        """Register with the scheduler, retrying while it is not up (yet, or again).
+
+        Gives up after ``worker.connect-timeout`` seconds; a refusal for a bad token or
+        version is final at once.
+        """
         hello = {
             "address": self.address,
             "name": self.name,
@@ -130,11 +147,27 @@ class Worker:
             "pid": os.getpid(),
             "host": socket.gethostname(),
         }
-        self.scheduler, _ = await connect(self.scheduler_address, "worker", self.token, hello)
-        interval = float(config.get("worker.heartbeat-interval")) * 1000
-        self._heartbeat = PeriodicCallback(self._send_heartbeat, interval)
-        self._heartbeat.start()
-        background(self._serve_scheduler(self.scheduler))
+        timeout = float(config.get("worker.connect-timeout"))
+        deadline = self._loop.time() + timeout
+        delay = 0.05
+        while True:
+            try:
+                self.scheduler, _ = await connect(self.scheduler_address, "worker", self.token,
+                                                  hello)
+                break
+            except ConnectionRefusedError as exc:
+                # A name still held by our previous (dead) self clears up soon; others don't.
+                if "already registered" not in str(exc) or self._loop.time() > deadline:
+                    raise
+                problem: Exception = exc
+            except OSError as exc:
+                if self._loop.time() > deadline:
+                    raise OSError(f"no scheduler at {self.scheduler_address} after "
+                                  f"{timeout:g}s: {exc}") from None
+                problem = exc
+            logger.info("waiting for scheduler %s: %s", self.scheduler_address, problem)
+            await asyncio.sleep(delay)  # back-off between connection attempts
+            delay = min(delay * 2, 2.0)
         logger.info(
             "worker %s at %s connected to %s with %s and %d threads",
             self.name,
@@ -143,7 +176,6 @@ class Worker:
             format_resources(self.resources),
             self.nthreads,
         )
-        return self
 
     async def close(self, reason: str = "closing") -> None:
         if self.finished.is_set():
@@ -170,8 +202,22 @@ class Worker:
             self.scheduler.send(message)
 
     # ------------------------------------------------------ scheduler messages
-    async def _serve_scheduler(self, comm: Comm) -> None:
-        reason = "scheduler connection closed"
+    async def _serve_scheduler(self) -> None:
+        """Serve scheduler messages; after losing the scheduler, start afresh with a new one."""
+        while not self.finished.is_set():
+            assert self.scheduler is not None
+            reason = await self._read_scheduler(self.scheduler)
+            if self.finished.is_set():
+                return
+            logger.warning("worker %s lost the scheduler (%s); reconnecting", self.name, reason)
+            self._forget_everything()
+            try:
+                await self._connect()
+            except OSError as exc:
+                logger.error("worker %s stopping: %s", self.name, exc)
+                await self.close(str(exc))
+
+    async def _read_scheduler(self, comm: Comm) -> str:
         try:
             while True:
                 for message in await comm.read():
@@ -188,15 +234,32 @@ class Worker:
                     else:
                         logger.warning("ignoring unknown scheduler operation %r", op)
         except CommClosedError:
-            pass
+            return "scheduler connection closed"
         except (ProtocolError, KeyError, TypeError) as exc:
-            reason = f"bad message from scheduler: {exc!r}"
-            logger.error(reason)
-        logger.info("worker %s stopping: %s", self.name, reason)
-        await self.close(reason)
+            comm.close()
+            return f"bad message from scheduler: {exc!r}"
+
+    def _forget_everything(self) -> None:
+        """A new scheduler knows none of our runs or data: drop them all.
+
+        Running threads cannot be stopped; they keep their resources in the ledger until
+        they end, and their results are dropped (their run ids mean nothing any more).
+        """
+        self.epoch += 1
+        for task in list(self.tasks.values()):
+            if task.state == "running":
+                task.cancelled = True
+                del self.tasks[task.run_id]
+            else:
+                self._drop(task)
+        self.ready.clear()
+        self.data.clear()
+        self.fetched.clear()
+        self.fetched_refs.clear()
 
     def _on_compute(self, message: Message) -> None:
         task = LocalTask(message)
+        task.epoch = self.epoch
         if not self.ledger.can_ever_fit(task.shape):
             demand = format_resources(dict(task.shape))
             problem = ValueError(
@@ -227,7 +290,8 @@ class Worker:
         self._start_ready()
 
     def _drop(self, task: LocalTask) -> None:
-        self.tasks.pop(task.run_id, None)
+        if self.tasks.get(task.run_id) is task:
+            del self.tasks[task.run_id]
         if task in self.ready:
             self.ready.remove(task)
         for key in task.fetch_keys:
@@ -244,8 +308,8 @@ class Worker:
         results = await asyncio.gather(
             *(self._fetch(k, task.deps[k]) for k in keys), return_exceptions=True
         )
-        if task.run_id not in self.tasks:
-            return
+        if self.tasks.get(task.run_id) is not task:
+            return  # cancelled meanwhile, or from before a reconnection
         missing = {k: task.deps[k] for k, r in zip(keys, results, strict=True) if r is not None}
         if missing:
             logger.warning("task %s: could not fetch %s", task.key, sorted(missing))
@@ -344,6 +408,9 @@ class Worker:
     def _on_done(self, task: LocalTask, future: Any) -> None:
         self.running -= 1
         self.ledger.release(task.shape, task.units)
+        if task.epoch != self.epoch:
+            self._start_ready()  # a run the current scheduler never heard of
+            return
         self._drop(task)
         if future.cancelled():
             self._send({"op": "task-released", "key": task.key, "run_id": task.run_id})
