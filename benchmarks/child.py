@@ -1,0 +1,62 @@
+"""One measurement in a fresh process: ``python -m benchmarks.child SYSTEM MODE OUT [--quick]``.
+
+MODE is ``cluster`` (warm up, then tiny/chain/latency on 4 plain workers and the seed
+pipeline on its heterogeneous cluster; metrics as JSON in OUT), ``cold_start`` (prints
+``READY <seconds in process>`` as soon as a client with 4 workers has run one task; the
+parent times it from process start) or ``scheduler`` (the in-process scheduler benchmark).
+Running each piece in its own process keeps the systems from sharing an interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from benchmarks.systems import adapter
+from benchmarks.workloads import HOMOGENEOUS, Sizes, inc, seed, warm_up
+
+
+def run_cluster(system: str, sizes: Sizes, workloads: list[str]) -> dict[str, float]:
+    module = adapter(system)
+    metrics: dict[str, float] = {}
+    plain = [w for w in workloads if w in HOMOGENEOUS]
+    if plain:
+        with module.session(seed=False) as session:
+            warm_up(session)
+            for name in plain:
+                metrics.update(HOMOGENEOUS[name](session, sizes))
+    if "seed" in workloads:
+        with module.session(seed=True) as session:
+            warm_up(session)
+            metrics.update(seed(session, sizes))
+    return metrics
+
+
+def run_cold_start(system: str) -> None:
+    start = time.perf_counter()
+    module = adapter(system)
+    with module.session(seed=False) as session:
+        assert session.result(session.submit(inc, 1)) == 2
+        print(f"READY {time.perf_counter() - start:.6f}", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    system, mode, out = argv[:3]
+    sizes = Sizes.quick() if "--quick" in argv else Sizes()
+    workloads = next((a.split("=", 1)[1].split(",") for a in argv if a.startswith("--only=")), [])
+    if mode == "cold_start":
+        run_cold_start(system)
+        return
+    if mode == "cluster":
+        metrics = run_cluster(system, sizes, workloads)
+    elif mode == "scheduler":
+        metrics = adapter(system).scheduler_only(sizes) or {}
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    with open(out, "w") as f:
+        json.dump(metrics, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,61 @@
+"""apportion adapter: LocalCluster (one scheduler process, worker processes) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+os.environ.setdefault("APPORTION_LOG_LEVEL", "WARNING")
+
+import apportion
+from apportion import Client, LocalCluster
+from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes
+
+
+def version() -> str:
+    return getattr(apportion, "__version__", "dev")
+
+
+class ApportionSession:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def submit(
+        self, func: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None
+    ) -> Any:
+        return self.client.submit(func, *args, resources=resources, pure=False)
+
+    def map(
+        self,
+        func: Callable[..., Any],
+        xs: Sequence[Any],
+        resources: dict[str, float] | None = None,
+    ) -> list[Any]:
+        return self.client.map(func, xs, resources=resources, pure=False)
+
+    def gather(self, futures: list[Any]) -> list[Any]:
+        return self.client.gather(futures)
+
+    def result(self, future: Any) -> Any:
+        return future.result()
+
+
+def _cluster(seed: bool) -> LocalCluster:
+    if seed:
+        return LocalCluster(workers=SEED_WORKERS, host="127.0.0.1")
+    return LocalCluster(n_workers=N_WORKERS, threads_per_worker=1, host="127.0.0.1")
+
+
+@contextmanager
+def session(seed: bool) -> Iterator[ApportionSession]:
+    with _cluster(seed) as cluster, Client(cluster) as client:
+        client.wait_for_workers(N_WORKERS, timeout=60)
+        yield ApportionSession(client)
+
+
+def scheduler_only(sizes: Sizes) -> dict[str, float]:
+    from benchmarks.scheduler_only import run_apportion
+
+    return run_apportion(sizes)

@@ -1,0 +1,81 @@
+"""dask.distributed adapter: a SpecCluster of Nannies (worker processes, one thread each).
+
+Resources are dask's own abstract worker resources (``resources={"GPU": 2}``), which is
+the closest match to apportion's model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import distributed
+from distributed import Client, Nanny, Scheduler, SpecCluster
+
+from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes
+
+
+def version() -> str:
+    return distributed.__version__
+
+
+class DaskSession:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def submit(
+        self, func: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None
+    ) -> Any:
+        return self.client.submit(func, *args, resources=resources, pure=False)
+
+    def map(
+        self,
+        func: Callable[..., Any],
+        xs: Sequence[Any],
+        resources: dict[str, float] | None = None,
+    ) -> list[Any]:
+        return self.client.map(func, xs, resources=resources, pure=False)
+
+    def gather(self, futures: list[Any]) -> list[Any]:
+        return self.client.gather(futures)
+
+    def result(self, future: Any) -> Any:
+        return future.result()
+
+
+def _specs(seed: bool) -> dict[str, dict[str, Any]]:
+    workers = SEED_WORKERS if seed else [{"name": f"w{i}"} for i in range(N_WORKERS)]
+    return {
+        w["name"]: {
+            "cls": Nanny,
+            "options": {
+                "nthreads": 1,
+                "host": "127.0.0.1",
+                "resources": w.get("resources") or None,
+                "dashboard": False,
+                "silence_logs": logging.WARNING,
+            },
+        }
+        for w in workers
+    }
+
+
+@contextmanager
+def session(seed: bool) -> Iterator[DaskSession]:
+    scheduler = {
+        "cls": Scheduler,
+        "options": {"host": "127.0.0.1", "dashboard_address": None, "dashboard": False},
+    }
+    with (
+        SpecCluster(workers=_specs(seed), scheduler=scheduler, silence_logs=logging.WARNING) as c,
+        Client(c) as client,
+    ):
+        client.wait_for_workers(N_WORKERS, timeout=60)
+        yield DaskSession(client)
+
+
+def scheduler_only(sizes: Sizes) -> dict[str, float] | None:
+    """dask's scheduler state machine is not drivable in-process without its server; n/a."""
+    return None

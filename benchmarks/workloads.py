@@ -1,0 +1,182 @@
+"""Workload definitions shared by every system adapter.
+
+Task functions live here (a real module, importable by every worker process because
+``benchmarks.run`` puts the repository root on ``PYTHONPATH``) so each system pickles them
+by reference, the same way on all three systems.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# ----------------------------------------------------------------------------- task functions
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def load(i: int) -> int:
+    return i
+
+
+def process(x: int) -> int:
+    return 2 * x
+
+
+def aggregate(*xs: int) -> int:
+    return sum(xs)
+
+
+# ----------------------------------------------------------------------------- sizes
+
+
+@dataclass(frozen=True)
+class Sizes:
+    tiny: int = 10_000
+    seed_loads: int = 2_000
+    seed_gpu2_every: int = 10  # 200 of the 2,000 process tasks need GPU=2
+    chain: int = 2_000
+    latency: int = 200
+    sched_tasks: int = 100_000
+    sched_workers: int = 1_000
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(
+            tiny=2_000,
+            seed_loads=500,
+            chain=500,
+            latency=100,
+            sched_tasks=20_000,
+            sched_workers=200,
+        )
+
+
+# The seed pipeline's cluster: one thread per worker, resources as in the issue.
+SEED_WORKERS: list[dict[str, Any]] = [
+    {"name": "gpu-a", "nthreads": 1, "resources": {"GPU": 2}},
+    {"name": "gpu-b", "nthreads": 1, "resources": {"GPU": 2}},
+    {"name": "bigmem", "nthreads": 1, "resources": {"MEMORY": 100e9}},
+    {"name": "plain", "nthreads": 1, "resources": {}},
+]
+N_WORKERS = 4
+
+
+class Session(Protocol):
+    """What a system adapter offers the workloads: a connected client on a running cluster."""
+
+    def submit(
+        self, func: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None
+    ) -> Any: ...
+
+    def map(
+        self,
+        func: Callable[..., Any],
+        xs: Sequence[Any],
+        resources: dict[str, float] | None = None,
+    ) -> list[Any]: ...
+
+    def gather(self, futures: list[Any]) -> list[Any]: ...
+
+    def result(self, future: Any) -> Any: ...
+
+
+# ----------------------------------------------------------------------------- workloads
+# Each returns a dict of metrics and checks its answer, so a fast wrong result cannot pass.
+
+
+def tiny(session: Session, sizes: Sizes) -> dict[str, float]:
+    n = sizes.tiny
+    start = time.perf_counter()
+    results = session.gather(session.map(inc, range(n)))
+    elapsed = time.perf_counter() - start
+    assert sum(results) == n * (n + 1) // 2, "tiny: wrong answer"
+    return {"tiny_tasks_per_s": n / elapsed}
+
+
+def seed(session: Session, sizes: Sizes) -> dict[str, float]:
+    n = sizes.seed_loads
+    start = time.perf_counter()
+    loaded = session.map(load, range(n))
+    processed = [
+        session.submit(process, d, resources={"GPU": 2 if i % sizes.seed_gpu2_every == 0 else 1})
+        for i, d in enumerate(loaded)
+    ]
+    final = session.submit(aggregate, *processed, resources={"MEMORY": 70e9})
+    total = session.result(final)
+    elapsed = time.perf_counter() - start
+    assert total == n * (n - 1), "seed: wrong answer"
+    return {"seed_tasks_per_s": (2 * n + 1) / elapsed}
+
+
+def chain(session: Session, sizes: Sizes) -> dict[str, float]:
+    n = sizes.chain
+    start = time.perf_counter()
+    x = session.submit(inc, 0)
+    for _ in range(n - 1):
+        x = session.submit(inc, x)
+    value = session.result(x)
+    elapsed = time.perf_counter() - start
+    assert value == n, "chain: wrong answer"
+    return {"chain_steps_per_s": n / elapsed}
+
+
+def latency(session: Session, sizes: Sizes) -> dict[str, float]:
+    times = []
+    for i in range(sizes.latency):
+        start = time.perf_counter()
+        value = session.result(session.submit(inc, i))
+        times.append(time.perf_counter() - start)
+        assert value == i + 1, "latency: wrong answer"
+    times.sort()
+    return {
+        "latency_p50_ms": 1e3 * statistics.median(times),
+        "latency_p99_ms": 1e3 * times[min(len(times) - 1, round(0.99 * (len(times) - 1)))],
+    }
+
+
+def warm_up(session: Session) -> None:
+    """Import the functions on every worker and open connections before anything is timed."""
+    session.gather(session.map(inc, range(200)))
+    x = session.submit(inc, 0)
+    for _ in range(20):
+        x = session.submit(inc, x)
+    session.result(x)
+
+
+HOMOGENEOUS: dict[str, Callable[[Session, Sizes], dict[str, float]]] = {
+    "tiny": tiny,
+    "chain": chain,
+    "latency": latency,
+}
+CLUSTER_WORKLOADS = ("tiny", "seed", "chain", "latency")
+ALL_WORKLOADS = (*CLUSTER_WORKLOADS, "cold_start", "scheduler")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    target: float | None  # the issue's target for apportion
+
+
+METRICS: list[Metric] = [
+    Metric("tiny_tasks_per_s", "tiny (10k inc, map+gather)", "tasks/s", True, 5_000),
+    Metric("seed_tasks_per_s", "seed pipeline (4,001 tasks)", "tasks/s", True, 3_000),
+    Metric("chain_steps_per_s", "chain (2,000 deps)", "steps/s", True, 2_000),
+    Metric("latency_p50_ms", "latency p50", "ms", False, 0.5),
+    Metric("latency_p99_ms", "latency p99", "ms", False, 2.0),
+    Metric("cold_start_s", "cold start (process start to 4 workers)", "s", False, 1.0),
+    Metric("cold_start_in_process_s", "cold start, cluster+client only", "s", False, None),
+    Metric("sched_placements_per_s", "scheduler-only placements", "placements/s", True, 200_000),
+    Metric(
+        "sched_bytes_per_pending_task", "scheduler-only memory per pending task", "B", False, None
+    ),
+]
