@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
+from pathlib import Path
 
 TOKEN_ENV = "APPORTION_TOKEN"
 TOKEN_FILE_ENV = "APPORTION_TOKEN_FILE"
+
+logger = logging.getLogger("apportion.auth")
+
+
+def default_token_file() -> Path:
+    base = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
+    return base / "apportion" / "token"
 
 
 def generate_token() -> str:
@@ -25,8 +34,44 @@ def read_token_file(path: str) -> str:
 
 
 def token_from_environment() -> str | None:
-    """``$APPORTION_TOKEN``, else the contents of ``$APPORTION_TOKEN_FILE``, else None."""
+    """``$APPORTION_TOKEN``, else ``$APPORTION_TOKEN_FILE``'s contents, else the default
+    token file (``~/.config/apportion/token``) if it exists, else None."""
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV]
     path = os.environ.get(TOKEN_FILE_ENV)
-    return read_token_file(path) if path else None
+    if path:
+        return read_token_file(path)
+    default = default_token_file()
+    return read_token_file(str(default)) if default.is_file() else None
+
+
+def read_or_create_token_file(path: Path) -> str:
+    """The token in ``path``; a new random one, written there readable by us only, if absent."""
+    if path.is_file():
+        return read_token_file(str(path))
+    token = generate_token()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    logger.warning(
+        "generated a new token in %s: give it to workers and clients "
+        "(--token-file %s, or APPORTION_TOKEN)",
+        path,
+        path,
+    )
+    return token
+
+
+def scheduler_token(token_file: str | None, no_auth: bool) -> str | None:
+    """Authentication is on unless ``--no-auth``: the token comes from ``--token-file``
+    (created if missing), the environment, or the default token file (created if missing)."""
+    if no_auth:
+        logger.warning(
+            "authentication is OFF (--no-auth): anyone who can reach this port can "
+            "run code here; use it only on a trusted, private network"
+        )
+        return None
+    if token_file:
+        return read_or_create_token_file(Path(token_file))
+    return token_from_environment() or read_or_create_token_file(default_token_file())

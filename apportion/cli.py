@@ -11,27 +11,32 @@ import threading
 
 import click
 
-from apportion.auth import read_token_file, token_from_environment
+from apportion import config
+from apportion.auth import read_token_file, scheduler_token, token_from_environment
 from apportion.process import serve, setup_logging
 from apportion.resources import parse_spec
 
 logger = logging.getLogger("apportion.cli")
 
 
-def _token(token_file: str | None, no_auth: bool) -> str | None:
-    if no_auth:
-        logger.warning(
-            "authentication is OFF (--no-auth): anyone who can reach this port can "
-            "run code here; use only on a trusted network"
-        )
-        return None
-    token = read_token_file(token_file) if token_file else token_from_environment()
-    if token is None:
-        logger.warning(
-            "no token given (--token-file or APPORTION_TOKEN): authentication is "
-            "off, so anyone who can reach this port can run code here"
-        )
-    return token
+def _tls_options(func):  # type: ignore[no-untyped-def]
+    """--tls-* flags shared by scheduler and worker; they set comm.tls.* configuration."""
+    for flag, help_text in (
+        ("--tls-key", "Private key of --tls-cert."),
+        ("--tls-cert", "Certificate to serve (and present to servers) over TLS."),
+        ("--tls-ca-file", "CA that peers' certificates must be signed by (mutual TLS)."),
+    ):
+        func = click.option(
+            flag, type=click.Path(exists=True, dir_okay=False), default=None, help=help_text
+        )(func)
+    return func
+
+
+def _apply_tls(cert: str | None, key: str | None, ca_file: str | None) -> None:
+    if cert and not key:
+        raise click.UsageError("--tls-cert needs --tls-key")
+    values = {"comm.tls.cert-file": cert, "comm.tls.key-file": key, "comm.tls.ca-file": ca_file}
+    config.set({k: v for k, v in values.items() if v})
 
 
 @click.group()
@@ -56,6 +61,7 @@ def main() -> None:
     help="File holding the shared token (default: $APPORTION_TOKEN).",
 )
 @click.option("--no-auth", is_flag=True, help="Accept connections without a token.")
+@_tls_options
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 def scheduler(
     host: str,
@@ -63,13 +69,17 @@ def scheduler(
     http_port: int | None,
     token_file: str | None,
     no_auth: bool,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca_file: str | None,
     ready_fd: int | None,
 ) -> None:
-    """Run a scheduler."""
+    """Run a scheduler. Authentication is on unless --no-auth (see --token-file)."""
     setup_logging()
+    _apply_tls(tls_cert, tls_key, tls_ca_file)
     try:
-        token = _token(token_file, no_auth)
-    except ValueError as exc:
+        token = scheduler_token(token_file, no_auth)
+    except (OSError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     from apportion.scheduler.server import Scheduler
 
@@ -108,6 +118,7 @@ async def _stop_scheduler(server: object, reason: str) -> None:
 @click.option("--memory-limit", type=int, default=None, help="Bytes, advertised to the scheduler.")
 @click.option("--token-file", type=click.Path(), default=None)
 @click.option("--no-auth", is_flag=True, help="Connect without a token.")
+@_tls_options
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 def worker(
     scheduler_address: str,
@@ -121,6 +132,9 @@ def worker(
     memory_limit: int | None,
     token_file: str | None,
     no_auth: bool,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca_file: str | None,
     ready_fd: int | None,
 ) -> None:
     """Run worker process(es) connected to SCHEDULER_ADDRESS (tcp://HOST:PORT)."""
@@ -134,6 +148,7 @@ def worker(
         _supervise(nworkers, name)
         return
     setup_logging()
+    _apply_tls(tls_cert, tls_key, tls_ca_file)
     try:
         token = (
             None
@@ -169,8 +184,10 @@ def _supervise(nworkers: int, name: str | None) -> None:
     args = sys.argv[1:]
     child_args = _without_option(_without_option(args, "--nworkers"), "--name")
     base = name or os.uname().nodename
-    commands = [[sys.executable, "-m", "apportion", *child_args, "--name", f"{base}-{i}"]
-                for i in range(nworkers)]
+    commands = [
+        [sys.executable, "-m", "apportion", *child_args, "--name", f"{base}-{i}"]
+        for i in range(nworkers)
+    ]
     children = [subprocess.Popen(command) for command in commands]
     stopping = threading.Event()
 
@@ -186,8 +203,9 @@ def _supervise(nworkers: int, name: str | None) -> None:
     while not stopping.wait(0.2):
         for i, child in enumerate(children):
             if child.poll() is not None and not stopping.is_set():
-                logger.warning("worker %s-%d exited with code %s; restarting it", base, i,
-                               child.returncode)
+                logger.warning(
+                    "worker %s-%d exited with code %s; restarting it", base, i, child.returncode
+                )
                 children[i] = subprocess.Popen(commands[i])
     sys.exit(max(child.wait() for child in children))
 

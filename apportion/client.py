@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from apportion import config
 from apportion.aio import background
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
@@ -199,6 +200,13 @@ class Client:
             key = f"{name}-{token}"
         elif not isinstance(key, str):
             raise TypeError(f"key must be a string, got {key!r}")
+        limit = int(config.get("comm.max-frame-bytes")) - 4096
+        if len(func_bytes) + len(args_bytes) > limit:
+            raise ValueError(
+                f"task {key!r} serializes to {len(func_bytes) + len(args_bytes):,} bytes, more "
+                f"than comm.max-frame-bytes allows ({limit:,}): pass large data as the result "
+                "of another task (a future) instead of as an argument"
+            )
         with self._lock:
             state = self._states.get(key)
             fresh = state is None or state.status == "cancelled"

@@ -85,8 +85,9 @@ class LocalCluster:
         self._scheduler_process = launched[0]
         # Shared with the finalizer (which must not hold self): every process we started.
         self._children: dict[str, subprocess.Popen] = {}
-        self._finalizer = weakref.finalize(self, _terminate, self._scheduler_process,
-                                           self._children)
+        self._finalizer = weakref.finalize(
+            self, _terminate, self._scheduler_process, self._children
+        )
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         try:
@@ -97,8 +98,9 @@ class LocalCluster:
         except BaseException:
             self.close()
             raise
-        self._supervisor = threading.Thread(target=self._supervise, name="apportion-nanny",
-                                            daemon=True)
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="apportion-nanny", daemon=True
+        )
         self._supervisor.start()
         atexit.register(self.close)
 
@@ -180,11 +182,21 @@ class LocalCluster:
         launched = []
         with self._lock:
             for spec in specs:
-                args = ["worker", self.scheduler_address, "--name", spec["name"],
-                        "--nthreads", str(spec["nthreads"]), "--host", self.host]
+                args = [
+                    "worker",
+                    self.scheduler_address,
+                    "--name",
+                    spec["name"],
+                    "--nthreads",
+                    str(spec["nthreads"]),
+                    "--host",
+                    self.host,
+                ]
                 if spec["resources"]:
-                    args += ["--resources",
-                             ",".join(f"{k}={v!r}" for k, v in spec["resources"].items())]
+                    args += [
+                        "--resources",
+                        ",".join(f"{k}={v!r}" for k, v in spec["resources"].items()),
+                    ]
                 process, fd = self._spawn(args)
                 launched.append((spec["name"], (process, fd)))
                 self.workers[spec["name"]] = WorkerProcess(spec["name"], process, args)
@@ -206,21 +218,28 @@ class LocalCluster:
         """Restart worker processes that die unexpectedly (as a nanny would)."""
         while not self._stopping.wait(0.1):
             with self._lock:
-                dead = [w for w in self.workers.values()
-                        if w.supervised and w.process.poll() is not None]
+                dead = [
+                    w
+                    for w in self.workers.values()
+                    if w.supervised and w.process.poll() is not None
+                ]
             for worker in dead:
                 if self._stopping.is_set():
                     return
-                logger.warning("worker %s exited with code %s; restarting it", worker.name,
-                               worker.process.returncode)
+                logger.warning(
+                    "worker %s exited with code %s; restarting it",
+                    worker.name,
+                    worker.process.returncode,
+                )
                 with self._lock:
                     process, fd = self._spawn(worker.args)
                     worker.process = process
                     worker.restarts += 1
                     self._children[worker.name] = process
                 try:
-                    worker.address = self._await_ready([(worker.name, (process, fd))]
-                                                       )[worker.name]["address"]
+                    worker.address = self._await_ready([(worker.name, (process, fd))])[worker.name][
+                        "address"
+                    ]
                 except (RuntimeError, TimeoutError) as exc:
                     logger.error("restarting worker %s failed: %s", worker.name, exc)
 

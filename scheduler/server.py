@@ -12,6 +12,7 @@ from typing import Any
 
 import tornado.web
 from apportion.scheduler.state import SchedulerState
+from apportion.scheduler.validation import check_keys, check_run_id, check_submit
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
 
@@ -128,6 +129,8 @@ class Scheduler:
                     handler = handlers.get(op)
                     if handler is None:
                         raise ProtocolError(f"unknown worker operation {op!r}")
+                    if op != "run-result":
+                        check_run_id(message)
                     handler(address, message)
                 self._flush()
         except CommClosedError:
@@ -173,11 +176,11 @@ class Scheduler:
     def _on_client_message(self, client: str, comm: Comm, message: Message) -> None:
         op = message["op"]
         if op == "submit":
-            self.state.handle_submit(client, message["tasks"])
+            self.state.handle_submit(client, check_submit(message))
         elif op == "release":
-            self.state.handle_release(client, message["keys"])
+            self.state.handle_release(client, check_keys(message))
         elif op == "cancel":
-            self.state.handle_cancel(client, message["keys"])
+            self.state.handle_cancel(client, check_keys(message))
         elif op == "info":
             reply: dict[str, Any] = self.state.info()
             reply.update(address=self.address, id=message["id"], op="info-reply")

@@ -110,6 +110,8 @@ class Worker:
         self.scheduler: Comm | None = None
         self.address = ""
         self.inline_limit = int(config.get("worker.inline-result-bytes"))
+        # Room for the message around a result that must still fit in one frame.
+        self.max_result_bytes = int(config.get("comm.max-frame-bytes")) - 4096
         self.finished = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat: PeriodicCallback | None = None
@@ -152,8 +154,9 @@ class Worker:
         delay = 0.05
         while True:
             try:
-                self.scheduler, _ = await connect(self.scheduler_address, "worker", self.token,
-                                                  hello)
+                self.scheduler, _ = await connect(
+                    self.scheduler_address, "worker", self.token, hello
+                )
                 break
             except ConnectionRefusedError as exc:
                 # A name still held by our previous (dead) self clears up soon; others don't.
@@ -162,8 +165,9 @@ class Worker:
                 problem: Exception = exc
             except OSError as exc:
                 if self._loop.time() > deadline:
-                    raise OSError(f"no scheduler at {self.scheduler_address} after "
-                                  f"{timeout:g}s: {exc}") from None
+                    raise OSError(
+                        f"no scheduler at {self.scheduler_address} after {timeout:g}s: {exc}"
+                    ) from None
                 problem = exc
             logger.info("waiting for scheduler %s: %s", self.scheduler_address, problem)
             await asyncio.sleep(delay)  # back-off between connection attempts
@@ -398,7 +402,14 @@ class Worker:
             func = self.functions.loads(task.func)
             args, kwargs = loads_args(task.args, self._resolve)
             value = func(*args, **kwargs)
-            return True, value, dumps_value(value), ""
+            payload = dumps_value(value)
+            if len(payload) > self.max_result_bytes:
+                raise ValueError(
+                    f"the result of task {task.key!r} is {len(payload):,} bytes, more than "
+                    f"comm.max-frame-bytes allows ({self.max_result_bytes:,}): return smaller "
+                    "pieces (split the work) or raise comm.max-frame-bytes everywhere"
+                )
+            return True, value, payload, ""
         except BaseException as exc:
             data, text = dumps_exception(exc)
             return False, None, data, text

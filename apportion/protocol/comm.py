@@ -19,6 +19,7 @@ from tornado.tcpclient import TCPClient
 from tornado.tcpserver import TCPServer
 
 from apportion import config
+from apportion.protocol import tls
 from apportion.protocol.frames import (
     HEADER_BYTES,
     PROTOCOL_VERSION,
@@ -41,18 +42,19 @@ class CommClosedError(ConnectionError):
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """``"tcp://host:port"`` or ``"host:port"`` to ``(host, port)``."""
+    """``"tcp://host:port"``, ``"tls://host:port"`` or ``"host:port"`` to ``(host, port)``."""
     text = address.split("://", 1)[1] if "://" in address else address
-    if "://" in address and not address.startswith("tcp://"):
-        raise ValueError(f"unsupported address {address!r}: only tcp:// is supported")
+    if "://" in address and not address.startswith(("tcp://", "tls://")):
+        raise ValueError(f"unsupported address {address!r}: use tcp:// or tls://")
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"invalid address {address!r}: expected tcp://HOST:PORT")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def format_address(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+def format_address(host: str, port: int, scheme: str | None = None) -> str:
+    scheme = scheme or ("tls" if tls.enabled() else "tcp")
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 class Comm:
@@ -89,7 +91,16 @@ class Comm:
         self._flush_pending = False
         batch, self._queue = self._queue, []
         if batch and not self.closed:
-            self._write(encode(batch))
+            for frame in self._frames(batch):
+                self._write(frame)
+
+    def _frames(self, batch: list[Message]) -> list[bytes]:
+        """Encode a batch, halving it until every frame is within the peer's limit."""
+        frame = encode(batch)
+        if len(frame) <= self.max_frame or len(batch) == 1:
+            return [frame]  # a single oversized message is refused by the peer, loudly
+        middle = len(batch) // 2
+        return self._frames(batch[:middle]) + self._frames(batch[middle:])
 
     def _write(self, data: bytes) -> None:
         try:
@@ -150,9 +161,16 @@ async def connect(
     host, port = parse_address(address)
     timeout = float(config.get("comm.connect-timeout")) if timeout is None else timeout
     max_frame = int(config.get("comm.max-frame-bytes"))
+    secure = address.startswith("tls://")
     try:
         stream = await asyncio.wait_for(
-            TCPClient().connect(host, port, max_buffer_size=max_frame + HEADER_BYTES), timeout
+            TCPClient().connect(
+                host,
+                port,
+                max_buffer_size=max_frame + HEADER_BYTES,
+                ssl_options=tls.client_context() if secure else None,
+            ),
+            timeout,
         )
     except (OSError, StreamClosedError, asyncio.TimeoutError) as exc:
         raise OSError(f"could not connect to {address}: {exc or 'timed out'}") from None
@@ -186,7 +204,9 @@ class Listener(TCPServer):
 
     def __init__(self, handler: Handler, token: str | None, roles: tuple[str, ...]) -> None:
         self.max_frame = int(config.get("comm.max-frame-bytes"))
-        super().__init__(max_buffer_size=self.max_frame + HEADER_BYTES)
+        super().__init__(
+            ssl_options=tls.server_context(), max_buffer_size=self.max_frame + HEADER_BYTES
+        )
         self.handler = handler
         self.token = token
         self.roles = roles

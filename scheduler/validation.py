@@ -1,0 +1,65 @@
+"""Checks on client messages before they touch scheduler state.
+
+A client is authenticated but may still be buggy or hostile: a malformed message is
+rejected whole (the connection closes with the reason), never half-applied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apportion.protocol import Message, ProtocolError
+from apportion.resources import validate
+
+_TASK_FIELDS = {"key", "func", "args", "deps", "resources", "priority", "retries"}
+
+
+def _expect(condition: bool, problem: str) -> None:
+    if not condition:
+        raise ProtocolError(problem)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_keys(message: Message) -> list[str]:
+    keys = message.get("keys")
+    _expect(
+        isinstance(keys, list) and all(isinstance(k, str) for k in keys),
+        f"{message['op']!r} needs 'keys': a list of strings",
+    )
+    return keys
+
+
+def check_submit(message: Message) -> list[Message]:
+    tasks = message.get("tasks")
+    _expect(isinstance(tasks, list), "'submit' needs 'tasks': a list of task maps")
+    seen: set[str] = set()
+    for task in tasks:
+        _expect(isinstance(task, dict), f"a task must be a map, got {str(task)[:80]}")
+        unknown = set(task) - _TASK_FIELDS
+        _expect(not unknown, f"task has unknown fields {sorted(unknown)}")
+        key = task.get("key")
+        _expect(isinstance(key, str) and key != "", "task 'key' must be a non-empty string")
+        _expect(key not in seen, f"task {key!r} appears twice in one submission")
+        seen.add(key)
+        _expect(isinstance(task.get("func"), bytes), f"task {key!r}: 'func' must be bytes")
+        _expect(isinstance(task.get("args"), bytes), f"task {key!r}: 'args' must be bytes")
+        deps = task.get("deps", [])
+        _expect(
+            isinstance(deps, list) and all(isinstance(d, str) for d in deps),
+            f"task {key!r}: 'deps' must be a list of keys",
+        )
+        _expect(_is_int(task.get("priority", 0)), f"task {key!r}: 'priority' must be an int")
+        retries = task.get("retries", 0)
+        _expect(_is_int(retries) and retries >= 0, f"task {key!r}: 'retries' must be an int >= 0")
+        try:
+            task["resources"] = validate(task.get("resources"))
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"task {key!r}: {exc}") from None
+    return tasks
+
+
+def check_run_id(message: Message) -> None:
+    _expect(_is_int(message.get("run_id")), f"{message['op']!r} needs an integer 'run_id'")
