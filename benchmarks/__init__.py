@@ -1,1 +1,1 @@
-"""Benchmarks: apportion side by side with dask.distributed and Ray (``python -m benchmarks.run``)."""
+"""Benchmarks: apportion beside dask.distributed and Ray (``python -m benchmarks.run``)."""

@@ -168,9 +168,9 @@ class Metric:
 
 
 METRICS: list[Metric] = [
-    Metric("tiny_tasks_per_s", "tiny (10k inc, map+gather)", "tasks/s", True, 5_000),
-    Metric("seed_tasks_per_s", "seed pipeline (4,001 tasks)", "tasks/s", True, 3_000),
-    Metric("chain_steps_per_s", "chain (2,000 deps)", "steps/s", True, 2_000),
+    Metric("tiny_tasks_per_s", "tiny (inc via map, gather)", "tasks/s", True, 5_000),
+    Metric("seed_tasks_per_s", "seed pipeline", "tasks/s", True, 3_000),
+    Metric("chain_steps_per_s", "chain", "steps/s", True, 2_000),
     Metric("latency_p50_ms", "latency p50", "ms", False, 0.5),
     Metric("latency_p99_ms", "latency p99", "ms", False, 2.0),
     Metric("cold_start_s", "cold start (process start to 4 workers)", "s", False, 1.0),

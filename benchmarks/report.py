@@ -1,0 +1,136 @@
+"""Summaries of the benchmark runs: medians, ratios, a rich table, JSON and a PNG chart."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchmarks.workloads import METRICS, Metric
+
+NA = "n/a"
+
+
+def summarise(runs: list[dict[str, Any]], systems: list[str]) -> dict[str, Any]:
+    """Median per system and metric; apportion's advantage over each peer (>1: apportion wins)."""
+    medians: dict[str, dict[str, float]] = {}
+    for system in systems:
+        medians[system] = {}
+        for metric in METRICS:
+            values = [
+                r["metrics"][metric.name]
+                for r in runs
+                if r["system"] == system and metric.name in r["metrics"]
+            ]
+            values = [v for v in values if not math.isnan(v)]
+            if values:
+                medians[system][metric.name] = statistics.median(values)
+    ratios: dict[str, dict[str, float]] = {}
+    mine = medians.get("apportion", {})
+    for peer in (s for s in systems if s != "apportion"):
+        ratios[peer] = {}
+        for metric in METRICS:
+            a, p = mine.get(metric.name), medians[peer].get(metric.name)
+            if a and p:
+                ratios[peer][metric.name] = a / p if metric.higher_is_better else p / a
+    targets = {
+        m.name: {"target": m.target, "met": _meets(m, mine.get(m.name))}
+        for m in METRICS
+        if m.target is not None and m.name in mine
+    }
+    return {"medians": medians, "ratios": ratios, "targets": targets}
+
+
+def _meets(metric: Metric, value: float | None) -> bool | None:
+    if value is None or metric.target is None:
+        return None
+    return value >= metric.target if metric.higher_is_better else value <= metric.target
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return NA
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def _stem(results: dict[str, Any]) -> str:
+    return "quick-" if results["meta"]["quick"] else ""
+
+
+def write(results: dict[str, Any], out: Path) -> None:
+    stem = _stem(results)
+    (out / f"{stem}results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    draw(results, out / f"{stem}ratios.png")
+
+
+def print_table(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    systems = list(results["medians"])
+    peers = [s for s in systems if s != "apportion"]
+    meta = results["meta"]
+    table = Table(
+        title=f"medians of {meta['reps']} reps{' (quick sizes)' if meta['quick'] else ''}",
+        caption=f"load: {meta['uptime_start']}  →  {meta['uptime_end']}",
+    )
+    table.add_column("workload")
+    table.add_column("unit")
+    for system in systems:
+        table.add_column(f"{system} {meta['versions'].get(system, '')}", justify="right")
+    for peer in peers:
+        table.add_column(f"x {peer}", justify="right")
+    table.add_column("target", justify="right")
+    for metric in METRICS:
+        row = [metric.label, metric.unit]
+        row += [_fmt(results["medians"][s].get(metric.name)) for s in systems]
+        for peer in peers:
+            ratio = results["ratios"][peer].get(metric.name)
+            row.append(NA if ratio is None else f"{ratio:.2f}x")
+        target = results["targets"].get(metric.name)
+        if target is None:
+            row.append("")
+        else:
+            sign = "≥" if metric.higher_is_better else "≤"
+            mark = "[green]✓[/]" if target["met"] else "[red]✗[/]"
+            row.append(f"{sign} {_fmt(target['target'])} {mark}")
+        table.add_row(*row)
+    Console(width=170).print(table)
+    print("x peer: apportion's advantage (>1 = apportion better; for times, peer/apportion)")
+
+
+def draw(results: dict[str, Any], path: Path) -> None:
+    """Grouped bars: apportion's advantage over each peer per workload, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    peers = list(results["ratios"])
+    metrics = [m for m in METRICS if any(m.name in results["ratios"][p] for p in peers)]
+    if not peers or not metrics:
+        return
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    width = 0.8 / len(peers)
+    for i, peer in enumerate(peers):
+        xs = [j + (i - (len(peers) - 1) / 2) * width for j in range(len(metrics))]
+        ys = [results["ratios"][peer].get(m.name, 0) for m in metrics]
+        bars = ax.bar(xs, ys, width, label=f"vs {peer}")
+        ax.bar_label(bars, labels=[f"{y:.1f}x" if y else NA for y in ys], fontsize=8)
+    ax.axhline(1, color="black", linewidth=0.8)
+    ax.axhline(2, color="grey", linewidth=0.8, linestyle="--", label="2x (target vs dask)")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(metrics)), [m.label for m in metrics], rotation=20, ha="right")
+    ax.set_ylabel("apportion advantage (x better)")
+    meta = results["meta"]
+    ax.set_title(f"apportion vs peers, medians of {meta['reps']} reps, {meta['cpus']} cores")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
