@@ -392,9 +392,12 @@ class Client:
         if shape in self._warned:
             return
         self._warned.add(shape)
+        need = format_resources(message["resources"])
         text = (
-            f"{len(message['keys'])} task(s) need {format_resources(message['resources'])}, "
-            f"which no connected worker has: {message['why']}"
+            f"{len(message['keys'])} task(s) need {need}, which no connected worker has: "
+            f"{message['why']}"
+            if message["resources"]
+            else f"{len(message['keys'])} task(s) wait: {message['why']}"
         )
         logger.warning(text)
         warnings.warn(text, NoWorkerWarning, stacklevel=1)

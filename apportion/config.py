@@ -40,6 +40,8 @@ DEFAULTS: dict[str, Any] = {
         "allowed-failures": 3,
         "worker-timeout": 30.0,
         "http-port": None,
+        # Check resource accounting after every batch of messages (slow; for tests).
+        "validate": False,
     },
     "worker": {
         "resources": {},

@@ -55,6 +55,8 @@ def explain_no_worker(shape: Shape, workers: Iterable[WorkerState]) -> str:
     workers = list(workers)
     demand = format_resources(dict(shape))
     if not workers:
+        if not shape:
+            return "no workers are connected; tasks wait until one joins"
         return f"no workers are connected; the demand {demand} waits for one that has it"
     parts = []
     for name, amount in shape:

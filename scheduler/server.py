@@ -31,7 +31,7 @@ class Scheduler:
         port: int = 8786,
         token: str | None = None,
         http_port: int | None = None,
-        validate_every_batch: bool = False,
+        validate_every_batch: bool | None = None,
     ) -> None:
         self.host = host
         self.requested_port = port
@@ -41,7 +41,10 @@ class Scheduler:
         self.listener = Listener(self._serve, token, roles=("client", "worker"))
         self.comms: dict[str, Comm] = {}
         self.address = ""
+        if validate_every_batch is None:
+            validate_every_batch = bool(config.get("scheduler.validate"))
         self.validate_every_batch = validate_every_batch
+        self.violations: list[str] = []
         self._runs: dict[int, _BroadcastRun] = {}
         self._run_ids = itertools.count(1)
         self._periodic: list[PeriodicCallback] = []
@@ -185,7 +188,7 @@ class Scheduler:
             reply: dict[str, Any] = self.state.info()
             reply.update(address=self.address, id=message["id"], op="info-reply")
             if message.get("check"):
-                reply["problems"] = self.state.check_invariants()
+                reply["problems"] = self.violations + self.state.check_invariants()
             comm.send(reply)
         elif op == "run":
             self._start_broadcast(client, message)
@@ -199,6 +202,7 @@ class Scheduler:
             problems = self.state.check_invariants()
             if problems:
                 logger.error("scheduler invariants broken: %s", problems)
+                self.violations.extend(problems[: 100 - len(self.violations)])
         for dest, messages in self.state.take_outbox().items():
             comm = self.comms.get(dest)
             if comm is not None and not comm.closed:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
 import pytest
+
+# Every scheduler the tests start checks its resource accounting after each batch;
+# client.check_invariants() reports any violation seen since it started.
+os.environ.setdefault("APPORTION_SCHEDULER__VALIDATE", "true")
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 30.0, what: str = "") -> object:

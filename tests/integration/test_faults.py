@@ -1,0 +1,257 @@
+"""Faults on real processes: kill storms, vanishing clients, scheduler restarts, bad tasks."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from apportion import (
+    Client,
+    KilledWorkerError,
+    LocalCluster,
+    SchedulerConnectionError,
+    config,
+)
+from tests.conftest import wait_until
+from tests.integration.tasks import hold, inc
+
+APPORTION = [sys.executable, "-m", "apportion"]
+
+
+def logged_double(i: int, log: str) -> int:
+    """Double ``i``, logging the run's start and end so overlapping runs can be found."""
+    import time
+
+    pid = os.getpid()
+    with open(log, "a") as handle:
+        handle.write(f"start {i} {pid} {time.monotonic()}\n")
+    time.sleep(0.002)  # the workload
+    with open(log, "a") as handle:
+        handle.write(f"end {i} {pid} {time.monotonic()}\n")
+    return 2 * i
+
+
+def _runs(log: Path) -> dict[int, list[tuple[int, float, float | None]]]:
+    """Per task: (pid, start, end or None if the run never finished)."""
+    open_runs: dict[tuple[int, int], float] = {}
+    runs: dict[int, list[tuple[int, float, float | None]]] = {}
+    for line in log.read_text().splitlines():
+        kind, i, pid, moment = line.split()
+        key = (int(i), int(pid))
+        if kind == "start":
+            open_runs[key] = float(moment)
+        else:
+            runs.setdefault(int(i), []).append((int(pid), open_runs.pop(key), float(moment)))
+    for (i, pid), start in open_runs.items():
+        runs.setdefault(i, []).append((pid, start, None))
+    return runs
+
+
+def _gpu_in_use(client: Client) -> float:
+    return sum(
+        w["used_resources"].get("GPU", 0) for w in client.scheduler_info()["workers"].values()
+    )
+
+
+def test_kill_storm_loses_no_result_and_leaves_no_resource_held(tmp_path: Path) -> None:
+    log = tmp_path / "runs.log"
+    workers = [{"name": f"w{i}", "nthreads": 2, "resources": {"GPU": 2}} for i in range(4)]
+    chooser = random.Random(7)
+    killed_pids: set[int] = set()
+    with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
+        futures = client.map(logged_double, range(2000), [str(log)] * 2000, resources={"GPU": 1})
+        for round_ in range(5):
+            target = 250 * (round_ + 1)
+            wait_until(
+                lambda t=target: sum(f.done() for f in futures) >= t,
+                timeout=120,
+                what=f"{target} tasks done",
+            )
+            victim = chooser.choice(sorted(cluster.workers))
+            killed_pids.add(cluster.workers[victim].pid)
+            cluster.kill_worker(victim, restart=True)
+        assert client.gather(futures) == [2 * i for i in range(2000)]
+        wait_until(lambda: _gpu_in_use(client) == 0, timeout=60, what="GPUs released")
+        assert client.check_invariants() == []
+        assert sum(w.restarts for w in cluster.workers.values()) == 5
+    for i, task_runs in _runs(log).items():
+        survivors = [r for r in task_runs if r[0] not in killed_pids]
+        for a in survivors:
+            for b in survivors:
+                if a is not b:
+                    assert a[2] is not None and b[2] is not None
+                    assert a[2] <= b[1] or b[2] <= a[1], f"task {i} ran twice at once"
+
+
+@pytest.mark.filterwarnings("ignore::apportion.NoWorkerWarning")  # all workers dead at once
+def test_a_task_that_kills_its_worker_errs_after_bounded_attempts() -> None:
+    def suicide() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    with LocalCluster(n_workers=2) as cluster, Client(cluster) as client:
+        with pytest.raises(KilledWorkerError, match="probably what kills them"):
+            client.submit(suicide).result(timeout=120)
+        deaths = config.get("scheduler.allowed-failures") + 1
+        wait_until(
+            lambda: sum(w.restarts for w in cluster.workers.values()) == deaths,
+            what=f"{deaths} workers restarted",
+        )
+        client.wait_for_workers(2, timeout=60)
+        assert client.submit(inc, 1).result(timeout=30) == 2
+
+
+CLIENT_THAT_VANISHES = """
+import sys
+from apportion import Client
+from tests.integration.tasks import hold
+client = Client(sys.argv[1])
+futures = client.map(hold, [0.2] * 50, range(50), resources={"GPU": 1}, pure=False)
+print("submitted", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_vanished_clients_tasks_are_released_and_others_unaffected(tmp_path: Path) -> None:
+    with (
+        LocalCluster(workers=[{"name": "gpu", "resources": {"GPU": 1}}]) as cluster,
+        Client(cluster) as client,
+    ):
+        vanishing = subprocess.Popen(
+            [sys.executable, "-c", CLIENT_THAT_VANISHES, cluster.scheduler_address],
+            env={**os.environ, "APPORTION_TOKEN": cluster.token},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert vanishing.stdout.readline().strip() == "submitted"
+            wait_until(
+                lambda: sum(client.scheduler_info()["tasks"].values()) == 50,
+                what="the other client's tasks known",
+            )
+            vanishing.kill()
+            vanishing.wait(timeout=10)
+        finally:
+            if vanishing.poll() is None:
+                vanishing.kill()
+        wait_until(lambda: client.scheduler_info()["clients"] == 1, what="client dropped")
+        mine = client.submit(hold, 0, "mine", resources={"GPU": 1})
+        assert mine.result(timeout=30)["tag"] == "mine"
+        wait_until(
+            lambda: sum(client.scheduler_info()["tasks"].values()) <= 1,
+            what="abandoned tasks released",
+        )
+        wait_until(lambda: _gpu_in_use(client) == 0, what="GPU released")
+        assert client.check_invariants() == []
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start_scheduler(port: int, token: str) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [*APPORTION, "scheduler", "--port", str(port), "--ready-fd", "1"],
+        env={**os.environ, "APPORTION_TOKEN": token},
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        pass_fds=(1,),
+    )
+    json.loads(process.stdout.readline())
+    return process
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.terminate()
+    for process in started:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_scheduler_restart_clients_get_a_clear_error_and_workers_reconnect(
+    processes: list[subprocess.Popen],
+) -> None:
+    port, token = _free_port(), "restart-token"
+    address = f"tcp://127.0.0.1:{port}"
+    processes.append(_start_scheduler(port, token))
+    for name in ("a", "b"):
+        processes.append(
+            subprocess.Popen(
+                [*APPORTION, "worker", address, "--name", name],
+                env={**os.environ, "APPORTION_TOKEN": token},
+                stdin=subprocess.DEVNULL,
+            )
+        )
+    with Client(address, token=token) as client:
+        client.wait_for_workers(2, timeout=60)
+        assert client.submit(inc, 1).result(timeout=30) == 2
+        long_running = client.submit(hold, 30, pure=False)
+        processes[0].kill()
+        processes[0].wait(timeout=10)
+        with pytest.raises(SchedulerConnectionError, match=f"scheduler {address} lost"):
+            long_running.result(timeout=30)
+        with pytest.raises(SchedulerConnectionError):
+            client.submit(inc, 2)
+    processes.append(_start_scheduler(port, token))
+    with Client(address, token=token) as client:
+        client.wait_for_workers(2, timeout=60)
+        assert client.submit(inc, 41).result(timeout=30) == 42
+
+
+def test_a_result_too_large_for_a_frame_fails_clearly_and_so_does_a_huge_argument() -> None:
+    with config.set({"comm.max-frame-bytes": 2_000_000}):
+        cluster = LocalCluster(n_workers=1)
+        client = Client(cluster)
+        try:
+            big = client.submit(os.urandom, 3_000_000)
+            with pytest.raises(ValueError, match="more than comm.max-frame-bytes allows"):
+                big.result(timeout=30)
+            with pytest.raises(ValueError, match="pass large data as the result of another"):
+                client.submit(len, b"x" * 3_000_000)
+            assert client.submit(inc, 1).result(timeout=30) == 2
+        finally:
+            client.close()
+            cluster.close()
+
+
+def test_a_standalone_scheduler_creates_a_private_token_that_local_clients_find(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: list[subprocess.Popen]
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("APPORTION_TOKEN", raising=False)
+    port = _free_port()
+    scheduler = subprocess.Popen(
+        [*APPORTION, "scheduler", "--port", str(port), "--ready-fd", "1"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        pass_fds=(1,),
+    )
+    processes.append(scheduler)
+    json.loads(scheduler.stdout.readline())
+    token_file = tmp_path / "apportion" / "token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    with Client(f"tcp://127.0.0.1:{port}") as client:
+        assert client.token == token_file.read_text().strip()
+    with pytest.raises(ConnectionRefusedError, match="authentication failed"):
+        Client(f"tcp://127.0.0.1:{port}", token="guess")
