@@ -224,7 +224,7 @@ def test_a_result_too_large_for_a_frame_fails_clearly_and_so_does_a_huge_argumen
         client = Client(cluster)
         try:
             big = client.submit(os.urandom, 3_000_000)
-            with pytest.raises(ValueError, match="more than comm.max-frame-bytes allows"):
+            with pytest.raises(ValueError, match=r"more than comm\.max-frame-bytes allows"):
                 big.result(timeout=30)
             with pytest.raises(ValueError, match="pass large data as the result of another"):
                 client.submit(len, b"x" * 3_000_000)
