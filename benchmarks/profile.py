@@ -1,0 +1,166 @@
+"""Profile apportion on the tiny and latency workloads: where does each process spend time?
+
+    python -m benchmarks.profile [--out benchmarks/results] [--rate 250]
+
+py-spy records the client (all threads), the scheduler and every worker process while
+the workload runs; pyinstrument profiles the client's main thread. Prints, per process,
+the busy share of wall time and the top functions by self and by inclusive time, and
+writes them to ``profile-<workload>.txt`` (plus pyinstrument's text output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("APPORTION_LOG_LEVEL", "WARNING")
+
+from benchmarks.systems import apportion_
+from benchmarks.workloads import Session, Sizes, latency, tiny, warm_up
+
+TOP = 12
+PROFILE_SIZES = Sizes(tiny=20_000, latency=2_000)  # long enough for sampling
+ROOT = str(Path(__file__).resolve().parent.parent)
+# Leaf frames that are waiting, not working (py-spy's idle detection misses some of them).
+WAITING = (
+    "EpollSelector.select (",
+    "Condition.wait (",
+    "_worker (concurrent/futures/thread.py)",
+    "Event.wait (",
+    "Thread.join (",
+)
+ENTRY_POINTS = ("apportion/cli.py", "apportion/process.py", "apportion/__main__.py")
+
+
+def _engine(frame: str) -> bool:
+    """A frame in apportion's own code (not the benchmarks, not the CLI entry points)."""
+    where = frame.partition(" (")[2]
+    # py-spy names files relative to sys.path: apportion/..., or the installed package's
+    # directories scheduler/... and worker/... (an editable install), or absolute paths.
+    ours = where.startswith((ROOT, "apportion/", "scheduler/", "worker/"))
+    return ours and "benchmarks/" not in where and not any(e in where for e in ENTRY_POINTS)
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise SystemExit("py-spy is not installed: pip install -r benchmarks/requirements.txt")
+    return found
+
+
+def _record(pid: int, path: Path, rate: int) -> subprocess.Popen:
+    args = ["--pid", str(pid), "--format", "raw", "--output", str(path), "--rate", str(rate)]
+    return subprocess.Popen(
+        [_py_spy(), "record", *args, "--nolineno", "--nonblocking", "--threads"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _short(frame: str) -> str:
+    """``name (/path/to/pkg/module.py)`` -> ``name (pkg/module.py)``."""
+    name, _, where = frame.partition(" (")
+    parts = where.rstrip(")").split("/")
+    return f"{name} ({'/'.join(parts[-2:])})"
+
+
+def _waiting(frame: str) -> bool:
+    return any(w in frame for w in WAITING)
+
+
+def summarise(path: Path, seconds: float, rate: int) -> str:
+    """Top self-time functions and top engine functions (inclusive), as shares of the
+    samples in which the process was working (not waiting in select/locks/queues)."""
+    self_time: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = waiting = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")[1:]  # [0] names the thread
+        if not frames:
+            continue
+        if _waiting(frames[-1]):
+            waiting += n
+            continue
+        total += n
+        self_time[_short(frames[-1])] += n
+        for frame in {_short(f) for f in frames if _engine(f)}:
+            inclusive[frame] += n
+    if not total:
+        return "  (no working samples)\n"
+    busy = 100 * total / max(1.0, seconds * rate)
+    lines = [
+        f"  {total} working samples (~{busy:.0f}% of one core over {seconds:.2f}s; "
+        f"{waiting} more samples waiting in select/locks, left out)",
+        "  self time (share of working samples):",
+    ]
+    lines += [f"    {100 * n / total:5.1f}%  {f}" for f, n in self_time.most_common(TOP)]
+    lines.append("  apportion functions, inclusive:")
+    lines += [f"    {100 * n / total:5.1f}%  {f}" for f, n in inclusive.most_common(TOP)]
+    return "\n".join(lines) + "\n"
+
+
+def profile(name: str, run: Callable[[Session, Sizes], object], out: Path, rate: int) -> str:
+    from pyinstrument import Profiler
+
+    tmp = Path(tempfile.mkdtemp(prefix="apportion-profile-"))
+    with apportion_.session(seed=False) as session:
+        warm_up(session)
+        cluster = session.client.cluster
+        pids = {"client": os.getpid(), "scheduler": cluster._scheduler_process.pid}
+        pids |= {f"worker {w}": pid for w, pid in cluster.worker_pids.items()}
+        spies = {who: _record(pid, tmp / f"{who}.txt", rate) for who, pid in pids.items()}
+        time.sleep(1.0)  # let py-spy attach
+        profiler = Profiler(interval=0.0005)
+        start = time.perf_counter()
+        profiler.start()
+        run(session, PROFILE_SIZES)
+        profiler.stop()
+        seconds = time.perf_counter() - start
+        for spy in spies.values():
+            spy.send_signal(signal.SIGINT)
+        for spy in spies.values():
+            try:
+                spy.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait()
+    report = [f"== {name}: {seconds:.2f}s, py-spy at {rate} Hz, idle samples excluded"]
+    for who in pids:
+        report.append(f"-- {who}")
+        path = tmp / f"{who}.txt"
+        report.append(summarise(path, seconds, rate) if path.exists() else "  (no output)\n")
+    text = "\n".join(report)
+    (out / f"profile-{name}.txt").write_text(text)
+    (out / f"pyinstrument-client-{name}.txt").write_text(
+        profiler.output_text(unicode=False, color=False, show_all=False)
+    )
+    shutil.rmtree(tmp, ignore_errors=True)
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__)
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--rate", type=int, default=250)
+    opts = parser.parse_args()
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, run in (("tiny", tiny), ("latency", latency)):
+        print(profile(name, run, out, opts.rate))
+
+
+if __name__ == "__main__":
+    main()
