@@ -1,0 +1,104 @@
+"""TLS everywhere: scheduler, worker peers and clients, with mutual certificate checks."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from apportion import Client, LocalCluster, config
+from tests.integration.tasks import inc
+
+
+def _name(common: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def _write_pki(directory: Path) -> dict[str, str]:
+    """A CA and one certificate for 127.0.0.1, usable as server and client."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name("apportion test CA"))
+        .issuer_name(_name("apportion test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("apportion"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = {
+        "ca": directory / "ca.pem",
+        "cert": directory / "cert.pem",
+        "key": directory / "key.pem",
+    }
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return {name: str(path) for name, path in paths.items()}
+
+
+def test_cluster_runs_entirely_over_mutual_tls(tmp_path: Path) -> None:
+    pki = _write_pki(tmp_path)
+    tls = {
+        "comm.tls.ca-file": pki["ca"],
+        "comm.tls.cert-file": pki["cert"],
+        "comm.tls.key-file": pki["key"],
+    }
+    with config.set(tls):
+        cluster = LocalCluster(workers=[{"name": "a"}, {"name": "b", "resources": {"GPU": 1}}])
+        try:
+            assert cluster.scheduler_address.startswith("tls://")
+            with Client(cluster) as client:
+                workers = client.scheduler_info()["workers"]
+                assert all(address.startswith("tls://") for address in workers)
+                first = client.submit(inc, 1)
+                # The dependency moves between workers over TLS, too.
+                assert client.submit(inc, first, resources={"GPU": 1}).result(timeout=30) == 3
+            plain = cluster.scheduler_address.replace("tls://", "tcp://")
+            with pytest.raises(OSError):
+                Client(plain, timeout=5)
+            with (
+                config.set({"comm.tls.cert-file": None, "comm.tls.key-file": None}),
+                pytest.raises(OSError),
+            ):
+                Client(cluster, timeout=5)  # no client certificate: refused by mutual TLS
+        finally:
+            cluster.close()
