@@ -442,6 +442,12 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        if threading.current_thread() is self._io.thread:
+            # Called from our own I/O thread (a callback, or garbage collection there):
+            # waiting on that thread would deadlock, so just stop it.
+            self._comm.close()
+            self._io.loop.stop()
+            return
 
         async def shutdown() -> None:
             self._flush()

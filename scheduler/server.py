@@ -15,6 +15,7 @@ from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.validation import check_keys, check_run_id, check_submit
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
+from tornado.netutil import bind_sockets
 
 from apportion import config
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError
@@ -58,9 +59,10 @@ class Scheduler:
             self.host if self.host not in ("", "0.0.0.0") else _contact_host(), port
         )
         if self.http_port is not None:
+            sockets = bind_sockets(self.http_port, address=self.host or None)
             self._http = HTTPServer(_status_app(self))
-            self._http.listen(self.http_port, address=self.host)
-            self.http_port = next(iter(self._http._sockets.values())).getsockname()[1]
+            self._http.add_sockets(sockets)
+            self.http_port = sockets[0].getsockname()[1]
         self._periodic = [
             PeriodicCallback(self._check_timeouts, 200),
             PeriodicCallback(self._check_heartbeats, 1000),

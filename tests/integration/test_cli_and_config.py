@@ -171,3 +171,22 @@ def test_standalone_scheduler_serves_a_client_with_a_token(tmp_path) -> None:
     finally:
         _stop(scheduler)
     wait_until(lambda: scheduler.poll() is not None, what="scheduler exit")
+
+
+def test_scheduler_http_status_reports_health_and_workers() -> None:
+    import json
+    import urllib.request
+
+    with LocalCluster(workers=[{"name": "g", "resources": {"GPU": 2}}], http_port=0) as cluster:
+        base = f"http://127.0.0.1:{cluster.http_port}"
+        with urllib.request.urlopen(f"{base}/health", timeout=10) as response:
+            assert response.read() == b"ok"
+        with urllib.request.urlopen(f"{base}/api/v1/info", timeout=10) as response:
+            info = json.loads(response.read())
+        assert info["address"] == cluster.scheduler_address
+        (worker,) = info["workers"].values()
+        assert (worker["name"], worker["resources"], worker["used_resources"]) == (
+            "g",
+            {"GPU": 2},
+            {"GPU": 0},
+        )
