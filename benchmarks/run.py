@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 tasks.append(("cluster", ["--only=" + ",".join(cluster_workloads)]))
             if "cold_start" in workloads:
                 tasks.append(("cold_start", []))
-            if "scheduler" in workloads and system == "apportion":
+            if "scheduler" in workloads and system != "ray":  # Ray's scheduler is C++: n/a
                 tasks.append(("scheduler", []))
             for mode, extra in tasks:
                 result_file = logs / f"{system}-{mode}-{rep}.json"
@@ -176,12 +176,25 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "versions": _versions(systems),
+        "engine": _engine_revision(),
         "logs": str(logs),
     }
     results["runs"] = runs
     report.write(results, out)
     report.print_table(results)
     return 0 if all(r["rc"] == 0 for r in runs) else 1
+
+
+def _engine_revision() -> str:
+    """The commit measured, and whether engine files had uncommitted edits."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "apportion", "scheduler", "worker")
+    return git("rev-parse", "--short", "HEAD") + (" + uncommitted engine edits" if dirty else "")
 
 
 def _versions(systems: list[str]) -> dict[str, str]:

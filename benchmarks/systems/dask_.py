@@ -77,5 +77,7 @@ def session(seed: bool) -> Iterator[DaskSession]:
 
 
 def scheduler_only(sizes: Sizes) -> dict[str, float] | None:
-    """dask's scheduler state machine is not drivable in-process without its server; n/a."""
-    return None
+    """dask's SchedulerState driven in-process (see benchmarks/scheduler_dask.py)."""
+    from benchmarks.scheduler_dask import run_dask
+
+    return run_dask(sizes)
