@@ -151,6 +151,23 @@ def profile(name: str, run: Callable[[Session, Sizes], object], out: Path, rate:
     return text
 
 
+def profile_scheduler(out: Path) -> str:
+    """pyinstrument over the in-process scheduler-only benchmark (apportion's state machine)."""
+    from pyinstrument import Profiler
+
+    from benchmarks.scheduler_only import _place_all, _specs, _state
+
+    sizes = Sizes()
+    state, specs = _state(sizes.sched_workers), _specs(sizes.sched_tasks)
+    profiler = Profiler(interval=0.0005)
+    profiler.start()
+    _place_all(state, specs)
+    profiler.stop()
+    tree = profiler.output_text(unicode=False, color=False)
+    (out / "pyinstrument-scheduler-only.txt").write_text(tree)
+    return "== scheduler-only (in-process; GC pauses land in whatever frame runs)\n" + tree
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__)
     parser.add_argument("--out", default="benchmarks/results")
@@ -160,6 +177,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, run in (("tiny", tiny), ("latency", latency)):
         print(profile(name, run, out, opts.rate))
+    print(profile_scheduler(out))
 
 
 if __name__ == "__main__":
