@@ -43,10 +43,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if _skip_k8s():
         pytest.skip("APPORTION_SKIP_K8S is set")
-    try:
-        paths.require_binaries()
-    except paths.BinariesMissing as err:
-        pytest.fail(str(err), pytrace=False)
+    missing = paths.missing_binaries_message()
+    if missing:
+        pytest.fail(missing, pytrace=False)
     cluster = Cluster.start(tmp_path_factory.mktemp("k8s"))
     try:
         yield cluster

@@ -10,14 +10,19 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from . import certs, paths, procs
 from .api import Client, Credentials
 from .kubelet.nodes import NODES
 
 STARTUP_TIMEOUT = 180.0
+
+T = TypeVar("T")
+Obj = dict[str, Any]
 REPO_ROOT = paths.HERE.parent.parent
 
 
@@ -76,7 +81,9 @@ class Cluster:
         )
 
     def _spawn(self, name: str, argv: list[str | os.PathLike[str]]) -> None:
-        proc = procs.start(argv, self.log_dir / f"{name}.log")
+        # From the repository root, so `python -m tests.k8s.kubelet` imports wherever
+        # pytest was started.
+        proc = procs.start(argv, self.log_dir / f"{name}.log", cwd=REPO_ROOT)
         self._procs.append((name, proc))
         (self.workdir / "pids").mkdir(exist_ok=True)
         (self.workdir / "pids" / name).write_text(str(proc.pid))
@@ -279,7 +286,10 @@ class Cluster:
     ) -> subprocess.CompletedProcess[str]:
         return self._run("helm", args, check, None, timeout)
 
-    def wait_for(self, condition, what: str, timeout: float = STARTUP_TIMEOUT):  # type: ignore[no-untyped-def]
+    def wait_for(
+        self, condition: Callable[[], T | None], what: str, timeout: float = STARTUP_TIMEOUT
+    ) -> T:
+        """Polls condition until truthy (see procs.wait_for); no fixed sleeps in tests."""
         return procs.wait_for(condition, timeout, what)
 
     def wait_nodes_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
@@ -291,20 +301,20 @@ class Cluster:
 
         procs.wait_for(all_ready, timeout, "nodes Ready")
 
-    def get_pod(self, name: str, namespace: str = "default") -> dict | None:
+    def get_pod(self, name: str, namespace: str = "default") -> Obj | None:
         return self.client.get_or_none(f"/api/v1/namespaces/{namespace}/pods/{name}")
 
     def wait_pod(
         self,
         name: str,
-        predicate,
+        predicate: Callable[[Obj], object],
         what: str,
-        namespace: str = "default",  # type: ignore[no-untyped-def]
+        namespace: str = "default",
         timeout: float = 120.0,
-    ) -> dict:
+    ) -> Obj:
         """Waits until the pod exists and predicate(pod) is truthy; returns the pod."""
 
-        def check() -> dict | None:
+        def check() -> Obj | None:
             pod = self.get_pod(name, namespace)
             return pod if pod is not None and predicate(pod) else None
 
@@ -316,7 +326,7 @@ class Cluster:
         phases: str | tuple[str, ...],
         namespace: str = "default",
         timeout: float = 120.0,
-    ) -> dict:
+    ) -> Obj:
         wanted = (phases,) if isinstance(phases, str) else phases
         return self.wait_pod(
             name,
@@ -359,7 +369,7 @@ class Cluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _node_ready(node: dict) -> bool:
+def _node_ready(node: Obj) -> bool:
     return any(
         c["type"] == "Ready" and c["status"] == "True"
         for c in node.get("status", {}).get("conditions", [])

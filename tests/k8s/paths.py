@@ -51,6 +51,14 @@ def require_binaries() -> Path:
         raise BinariesMissing(
             f"Kubernetes test binaries missing from {folder}: {', '.join(missing)}. "
             f"Build them with `bash {BUILD_SCRIPT.relative_to(HERE.parent.parent)}` "
-            "(about 20-30 min the first time), or set APPORTION_SKIP_K8S=1 to skip these tests."
+            "(several minutes the first time), or set APPORTION_SKIP_K8S=1 to skip these tests."
         )
     return folder
+
+
+def missing_binaries_message() -> str | None:
+    try:
+        require_binaries()
+    except BinariesMissing as err:
+        return str(err)
+    return None

@@ -78,14 +78,12 @@ def alive(pid: int) -> bool:
 
 
 def signal_group(pid: int, sig: int) -> None:
-    """Signals the process group led by pid (our children lead their own), else the pid."""
+    """Signals the process group led by pid: every process we start leads its own group,
+    so this also reaches whatever it forked."""
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+        pass
 
 
 def stop(proc: subprocess.Popen[bytes] | int, grace: float = 10.0) -> None:

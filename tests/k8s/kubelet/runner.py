@@ -251,17 +251,17 @@ class PodRunner(threading.Thread):
 
     def _kill_all(self, grace: float) -> None:
         """SIGTERM every running process group, SIGKILL whatever outlives grace seconds."""
-        running = [c for c in [*self.init_containers, *self.containers] if c.proc is not None]
-        for c in running:
-            assert c.proc is not None
-            procs.signal_group(c.proc.pid, signal.SIGTERM)
+        running = [
+            (c, c.proc) for c in [*self.init_containers, *self.containers] if c.proc is not None
+        ]
+        for _, proc in running:
+            procs.signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(c.proc.poll() is None for c in running):  # type: ignore[union-attr]
+        while time.monotonic() < deadline and any(p.poll() is None for _, p in running):
             time.sleep(0.05)
-        for c in running:
-            assert c.proc is not None
-            procs.signal_group(c.proc.pid, signal.SIGKILL)
-            self._reaped(c, c.proc.wait())
+        for c, proc in running:
+            procs.signal_group(proc.pid, signal.SIGKILL)
+            self._reaped(c, proc.wait())
             c.done = True
 
     def _terminate_gracefully(self) -> None:
