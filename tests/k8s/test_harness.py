@@ -88,6 +88,16 @@ def test_pod_runs_to_succeeded_with_downward_api_env(
     assert served == f"hello hello {pod_ip}\n"
 
 
+def test_kubectl_logs_follows_a_pod_until_it_exits(
+    k8s_cluster: Cluster, k8s_namespace: str
+) -> None:
+    script = "import time\nfor i in range(5):\n    print('tick', i)\n    time.sleep(0.3)"
+    apply(k8s_cluster, k8s_namespace, pod_manifest("ticker", script))
+    k8s_cluster.wait_pod_phase("ticker", ("Running", "Succeeded"), k8s_namespace)
+    followed = k8s_cluster.kubectl("logs", "-f", "-n", k8s_namespace, "ticker").stdout
+    assert followed.splitlines() == [f"tick {i}" for i in range(5)]
+
+
 def test_failing_pod_is_failed_with_its_exit_code(k8s_cluster: Cluster, k8s_namespace: str) -> None:
     apply(
         k8s_cluster, k8s_namespace, pod_manifest("fails", "import sys; print('bye'); sys.exit(3)")

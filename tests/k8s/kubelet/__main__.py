@@ -115,9 +115,10 @@ class Kubelet:
     # ----- pods -------------------------------------------------------------------------
 
     def is_running(self, namespace: str, name: str) -> bool:
+        """Whether a container process of the pod runs (ends `kubectl logs -f`)."""
         with self.lock:
             return any(
-                r.namespace == namespace and r.pod_name == name and r.is_alive()
+                r.namespace == namespace and r.pod_name == name and r.running_pids
                 for r in self.runners.values()
             )
 

@@ -67,6 +67,7 @@ def serve(
                         self.wfile.write(chunk)
                         self.wfile.flush()
                     elif not is_running(namespace, pod):
+                        self.wfile.write(log_file.read())  # what came before the exit
                         return
                     else:
                         time.sleep(0.2)
