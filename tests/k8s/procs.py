@@ -67,14 +67,24 @@ def start(
         )
 
 
-def alive(pid: int) -> bool:
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, ..."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a reparented zombie still answers kill(pid, 0))."""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return [pid for pid in pids if (f := _stat(pid)) and f[0] != "Z" and f[2] == str(pgid)]
 
 
 def signal_group(pid: int, sig: int) -> None:
@@ -86,22 +96,26 @@ def signal_group(pid: int, sig: int) -> None:
         pass
 
 
-def stop(proc: subprocess.Popen[bytes] | int, grace: float = 10.0) -> None:
-    """SIGTERM to the process group, then SIGKILL after grace seconds; reaps our children."""
-    pid = proc if isinstance(proc, int) else proc.pid
-    signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if _exited(proc):
-            break
+def _wait_group_gone(proc: subprocess.Popen[bytes] | None, pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None:
+            proc.poll()  # reap our own child, or it stays a zombie member
+        if not group_members(pgid):
+            return True
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)
-    # Whatever is left of the group (the leader or its descendants) is killed outright.
-    signal_group(pid, signal.SIGKILL)
-    if isinstance(proc, subprocess.Popen):
-        proc.wait()
 
 
-def _exited(proc: subprocess.Popen[bytes] | int) -> bool:
-    if isinstance(proc, subprocess.Popen):
-        return proc.poll() is not None
-    return not alive(proc)
+def stop(proc: subprocess.Popen[bytes] | int, grace: float = 10.0) -> None:
+    """SIGTERM to the process group, SIGKILL to what is left after grace seconds, then
+    waits until no process of the group runs (our child is reaped too)."""
+    pid = proc if isinstance(proc, int) else proc.pid
+    child = None if isinstance(proc, int) else proc
+    signal_group(pid, signal.SIGTERM)
+    if not _wait_group_gone(child, pid, grace):
+        signal_group(pid, signal.SIGKILL)
+        _wait_group_gone(child, pid, 10.0)
+    if child is not None:
+        child.wait()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -10,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from . import paths
+from . import paths, procs
 from .controlplane import Cluster
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
@@ -387,3 +389,36 @@ def test_kubectl_applies_a_crd_and_an_object_of_it(
         assert got["spec"] == {"size": 3}
     finally:
         k8s_cluster.kubectl("delete", "crd", f"{plural}.{group}", "--wait=false")
+
+
+def test_stop_kills_every_process_even_the_pods_of_a_dead_kubelet(tmp_path: Path) -> None:
+    missing = paths.missing_binaries_message()
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    cluster = Cluster.start(tmp_path)
+    try:
+        apply(
+            cluster,
+            "default",
+            pod_manifest(
+                "forker",
+                "",
+                restartPolicy="Always",
+                container={"command": ["sh", "-c", "sleep 1000 & sleep 1001"]},
+            ),
+        )
+        cluster.wait_pod_phase("forker", "Running")
+        pod_pid = int(cluster.pod_log_path("forker").with_suffix(".pid").read_text())
+
+        def sh_and_both_sleeps() -> list[int] | None:  # they share the pod's process group
+            members = procs.group_members(pod_pid)
+            return members if len(members) >= 3 else None
+
+        pod_pids = cluster.wait_for(sh_and_both_sleeps, "the pod's processes", 60)
+        component_pids = {f.name: int(f.read_text()) for f in (tmp_path / "pids").iterdir()}
+        # A kubelet killed outright cannot stop its pods; stop() must still find them.
+        os.kill(component_pids["kubelet"], signal.SIGKILL)
+    finally:
+        cluster.stop()
+    assert [name for name, pid in component_pids.items() if procs.running(pid)] == []
+    assert [pid for pid in pod_pids if procs.running(pid)] == []
