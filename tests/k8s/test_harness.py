@@ -245,6 +245,102 @@ def test_two_pods_talk_through_a_service_name(k8s_cluster: Cluster, k8s_namespac
     ]
 
 
+def test_service_name_resolves_once_a_backing_pod_is_ready(
+    k8s_cluster: Cluster, k8s_namespace: str
+) -> None:
+    # As a worker started before its scheduler: the name must appear in the running pod.
+    ns = k8s_namespace
+    client_script = textwrap.dedent(f"""
+        import socket, time
+        first = True
+        while True:
+            try:
+                ip = socket.gethostbyname("late.{ns}.svc")
+                break
+            except socket.gaierror:
+                if first:
+                    print("unresolved", flush=True)
+                    first = False
+                time.sleep(0.2)
+        with socket.create_connection((ip, 9100), timeout=10) as conn:
+            print("got", conn.recv(100).decode())
+    """)
+    apply(k8s_cluster, ns, pod_manifest("late-client", client_script))
+    log_path = k8s_cluster.pod_log_path("late-client", ns)
+    k8s_cluster.wait_for(
+        lambda: log_path.exists() and "unresolved" in log_path.read_text(),
+        "the client's failed lookup",
+        POD_TIMEOUT,
+    )
+    server_script = textwrap.dedent("""
+        import os, socket
+        server = socket.create_server((os.environ["POD_IP"], 9100))
+        while True:
+            conn, _ = server.accept()
+            conn.sendall(b"hello")
+            conn.close()
+    """)
+    server = pod_manifest(
+        "late-server",
+        server_script,
+        restartPolicy="Always",
+        container={
+            "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+            "readinessProbe": {"tcpSocket": {"port": 9100}, "periodSeconds": 1},
+        },
+    )
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "late"},
+        "spec": {"selector": {"app": "late-server"}, "ports": [{"port": 9100}]},
+    }
+    apply(k8s_cluster, ns, server, service)
+    done = k8s_cluster.wait_pod_phase("late-client", ("Succeeded", "Failed"), ns)
+    assert done["status"]["phase"] == "Succeeded", log_path.read_text()
+    assert log_path.read_text() == "unresolved\ngot hello\n"
+
+
+def test_on_failure_pods_restart_until_they_succeed(
+    k8s_cluster: Cluster, k8s_namespace: str
+) -> None:
+    # The pod's folder (its working directory) survives restarts: count attempts there.
+    script = textwrap.dedent("""
+        import pathlib, sys
+        counter = pathlib.Path("attempts")
+        n = int(counter.read_text()) + 1 if counter.exists() else 1
+        counter.write_text(str(n))
+        print("attempt", n)
+        sys.exit(0 if n == 3 else 1)
+    """)
+    apply(k8s_cluster, k8s_namespace, pod_manifest("retry", script, restartPolicy="OnFailure"))
+    done = k8s_cluster.wait_pod_phase("retry", ("Succeeded", "Failed"), k8s_namespace)
+    status = done["status"]["containerStatuses"][0]
+    assert (done["status"]["phase"], status["restartCount"]) == ("Succeeded", 2)
+    assert status["lastState"]["terminated"]["exitCode"] == 1
+    assert k8s_cluster.pod_log("retry", k8s_namespace).split("\n")[:3] == [
+        "attempt 1",
+        "attempt 2",
+        "attempt 3",
+    ]
+
+
+def test_init_containers_run_first_in_order(k8s_cluster: Cluster, k8s_namespace: str) -> None:
+    def step(name: str, text: str) -> dict[str, Any]:
+        code = f"open('steps', 'a').write({text!r})"
+        return {"name": name, "image": "x", "command": ["python", "-c", code]}
+
+    pod = pod_manifest("initialised", "print(open('steps').read())")
+    pod["spec"]["initContainers"] = [step("one", "1"), step("two", "2")]
+    apply(k8s_cluster, k8s_namespace, pod)
+    done = k8s_cluster.wait_pod_phase("initialised", ("Succeeded", "Failed"), k8s_namespace)
+    assert done["status"]["phase"] == "Succeeded"
+    assert [
+        s["state"]["terminated"]["exitCode"] for s in done["status"]["initContainerStatuses"]
+    ] == [0, 0]
+    assert k8s_cluster.pod_log("initialised", k8s_namespace) == "12\n"
+
+
 def test_exec_and_tcp_readiness_probes_gate_readiness(
     k8s_cluster: Cluster, k8s_namespace: str
 ) -> None:
