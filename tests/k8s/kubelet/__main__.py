@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -44,15 +45,31 @@ PASSTHROUGH_ENV = (
 )
 
 
-def unshare_works() -> bool:
-    """Whether per-pod mount namespaces (for a private /etc/hosts) are available."""
+def unshare_args() -> list[str] | None:
+    """unshare options giving a pod a private mount namespace in which /etc/hosts can be
+    covered by a bind mount, or None where that is impossible. As root a mount namespace is
+    enough; otherwise a user namespace maps the user to root inside it."""
     if shutil.which("unshare") is None:
-        return False
-    done = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "--", "true"],
-        capture_output=True,
-    )
-    return done.returncode == 0
+        return None
+    options = ["--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        options = ["--user", "--map-root-user", *options]
+    with tempfile.NamedTemporaryFile("w", suffix=".hosts") as hosts:
+        hosts.write("127.0.0.1 localhost\n")
+        hosts.flush()
+        done = subprocess.run(
+            [
+                "unshare",
+                *options,
+                "--",
+                "/bin/sh",
+                "-c",
+                'mount --bind "$0" /etc/hosts',
+                hosts.name,
+            ],
+            capture_output=True,
+        )
+    return options if done.returncode == 0 else None
 
 
 class Kubelet:
@@ -64,9 +81,10 @@ class Kubelet:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self._ips = (f"127.{ip_octet}.{n // 250}.{n % 250 + 2}" for n in itertools.count())
-        self.private_hosts = unshare_works()
-        if not self.private_hosts:
-            log.warning("unshare --mount is not available: Service names will not resolve")
+        self.unshare = unshare_args()
+        self.private_hosts = self.unshare is not None
+        if self.unshare is None:
+            log.warning("cannot unshare a mount namespace: Service names will not resolve")
         # The current Python environment's bin dir first, so `python` and `apportion`
         # resolve to the test virtualenv.
         self.path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
@@ -86,16 +104,14 @@ class Kubelet:
         return env
 
     def exec_prefix(self, hosts: Path) -> list[str]:
-        if not self.private_hosts:
+        if self.unshare is None:
             return []
         # A private mount namespace in which the pod's hosts file covers /etc/hosts;
         # `exec` keeps the pod's command as the process whose PID we track.
         script = 'mount --bind "$0" /etc/hosts && exec "$@"'
         return [
             "unshare",
-            "--mount",
-            "--propagation",
-            "private",
+            *self.unshare,
             "--",
             "/bin/sh",
             "-c",
