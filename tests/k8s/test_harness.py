@@ -341,6 +341,39 @@ def test_init_containers_run_first_in_order(k8s_cluster: Cluster, k8s_namespace:
     assert k8s_cluster.pod_log("initialised", k8s_namespace) == "12\n"
 
 
+def test_a_failed_init_container_fails_the_pod(k8s_cluster: Cluster, k8s_namespace: str) -> None:
+    pod = pod_manifest("bad-init", "print('main ran')")
+    pod["spec"]["initContainers"] = [
+        {"name": "breaks", "image": "x", "command": ["python", "-c", "raise SystemExit(4)"]},
+        {"name": "never", "image": "x", "command": ["python", "-c", "print('second ran')"]},
+    ]
+    apply(k8s_cluster, k8s_namespace, pod)
+    done = k8s_cluster.wait_pod_phase("bad-init", ("Succeeded", "Failed"), k8s_namespace)
+    assert done["status"]["phase"] == "Failed"
+    first, second = done["status"]["initContainerStatuses"]
+    assert first["state"]["terminated"]["exitCode"] == 4
+    assert "terminated" not in second["state"]
+    assert "terminated" not in done["status"]["containerStatuses"][0]["state"]
+
+
+def test_crashing_always_pods_keep_running_phase_and_count_restarts(
+    k8s_cluster: Cluster, k8s_namespace: str
+) -> None:
+    apply(
+        k8s_cluster,
+        k8s_namespace,
+        pod_manifest("crasher", "raise SystemExit(2)", restartPolicy="Always"),
+    )
+    pod = k8s_cluster.wait_pod(
+        "crasher",
+        lambda p: p["status"].get("containerStatuses", [{}])[0].get("restartCount", 0) >= 2,
+        "restarted twice",
+        k8s_namespace,
+    )
+    assert pod["status"]["phase"] == "Running"
+    assert pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 2
+
+
 def test_exec_and_tcp_readiness_probes_gate_readiness(
     k8s_cluster: Cluster, k8s_namespace: str
 ) -> None:

@@ -87,6 +87,7 @@ class PodRunner(threading.Thread):
         self.shutdown = False  # the kubelet itself is stopping
         self.start_time = now()
         self.reported: Obj | None = None
+        self.transitions: dict[str, tuple[str, str]] = {}  # condition -> (status, since)
         spec = pod["spec"]
         self.restart_policy: str = spec.get("restartPolicy", "Always")
         self.init_containers = [Container(c, init=True) for c in spec.get("initContainers", [])]
@@ -138,7 +139,10 @@ class PodRunner(threading.Thread):
             self.wake.clear()
 
     def _step(self) -> None:
-        """Advances init containers (one at a time, in order), then the app containers."""
+        """Advances init containers (one at a time, in order), then the app containers.
+        A failed init container that will not be retried fails the pod: nothing else runs."""
+        if any(c.done and _exit_code(c) for c in self.init_containers):
+            return
         pending_init = [c for c in self.init_containers if not c.done]
         if pending_init:
             self._tend(pending_init[0])
@@ -297,32 +301,33 @@ class PodRunner(threading.Thread):
         }
 
     def _phase(self) -> str:
-        if any(not c.done for c in self.init_containers):
-            failed_init = any(c.done and _exit_code(c) for c in self.init_containers)
-            return "Failed" if failed_init else "Pending"
-        if any(_exit_code(c) for c in self.init_containers):
+        if any(c.done and _exit_code(c) for c in self.init_containers):
             return "Failed"
+        if any(not c.done for c in self.init_containers):
+            return "Pending"
         if all(c.done for c in self.containers):
             return "Failed" if any(_exit_code(c) for c in self.containers) else "Succeeded"
-        if any(
-            "running" in c.state or "running" in c.last_state or c.done for c in self.containers
-        ):
+        if any("running" in c.state or c.restarts or c.done for c in self.containers):
             return "Running"
         return "Pending"
 
+    def _condition(self, kind: str, ok: bool) -> Obj:
+        """A pod condition whose lastTransitionTime moves only when its status does."""
+        status = "True" if ok else "False"
+        previous = self.transitions.get(kind)
+        if previous is None or previous[0] != status:
+            self.transitions[kind] = previous = (status, now())
+        return {
+            "type": kind,
+            "status": status,
+            "lastProbeTime": None,
+            "lastTransitionTime": previous[1],
+        }
+
     def _status(self) -> Obj:
-        stamp = self.start_time
         initialized = all(c.done and not _exit_code(c) for c in self.init_containers)
         ready = initialized and all(c.ready for c in self.containers)
-
-        def condition(kind: str, ok: bool) -> Obj:
-            return {
-                "type": kind,
-                "status": "True" if ok else "False",
-                "lastProbeTime": None,
-                "lastTransitionTime": stamp,
-            }
-
+        condition = self._condition
         return {
             "phase": self._phase(),
             "startTime": self.start_time,
