@@ -184,6 +184,19 @@ class PodRunner(threading.Thread):
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(err)}}
             c.restart_at = time.monotonic() + 2.0
             return
+        ignored = [
+            m["mountPath"]
+            for m in c.spec.get("volumeMounts", [])
+            if not m["name"].startswith("kube-api-access-")  # the injected SA token
+        ]
+        if ignored and c.restarts == 0:
+            log.warning(
+                "pod %s/%s: %s: volumes are not mounted by the process kubelet: %s",
+                self.namespace,
+                self.pod_name,
+                c.name,
+                ", ".join(ignored),
+            )
         cwd = c.spec.get("workingDir")
         cwd = cwd if cwd and Path(cwd).is_dir() else str(self.dir)
         try:
