@@ -23,6 +23,10 @@ ALL_BINS=("${KUBE_CMDS[@]}" etcd helm)
 if ! command -v go >/dev/null 2>&1; then
     export PATH="/usr/local/go/bin:$PATH"
 fi
+if ! command -v go >/dev/null 2>&1; then
+    echo "[k8s build] Go is needed (1.26 or newer, https://go.dev/dl/); not found on PATH" >&2
+    exit 1
+fi
 export CGO_ENABLED=0
 export GOFLAGS="-trimpath -buildvcs=false"
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from . import certs, paths, procs
 from .api import Client, Credentials
 from .kubelet.nodes import NODES
@@ -285,6 +287,11 @@ class Cluster:
         self, *args: str, check: bool = True, timeout: float = 180.0
     ) -> subprocess.CompletedProcess[str]:
         return self._run("helm", args, check, None, timeout)
+
+    def apply(self, *objects: Obj, namespace: str | None = None) -> None:
+        """`kubectl apply` of manifests given as dicts (in namespace, when given)."""
+        args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
+        self.kubectl(*args, input=yaml.safe_dump_all(objects))
 
     def wait_for(
         self, condition: Callable[[], T | None], what: str, timeout: float = STARTUP_TIMEOUT

@@ -34,7 +34,7 @@ def pod_manifest(name: str, script: str, **spec: Any) -> dict[str, Any]:
 
 
 def apply(cluster: Cluster, namespace: str, *objects: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(objects))
+    cluster.apply(*objects, namespace=namespace)
 
 
 def condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
