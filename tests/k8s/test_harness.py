@@ -402,6 +402,39 @@ def test_exec_and_tcp_readiness_probes_gate_readiness(
         assert pod["status"]["containerStatuses"][0]["ready"] is True
 
 
+def test_a_failing_liveness_probe_restarts_the_container(
+    k8s_cluster: Cluster, k8s_namespace: str
+) -> None:
+    # Healthy while the "healthy" file exists; each run deletes it after starting.
+    script = textwrap.dedent("""
+        import pathlib, time
+        pathlib.Path("healthy").write_text("")
+        print("started", flush=True)
+        pathlib.Path("healthy").unlink()
+        time.sleep(3600)
+    """)
+    probe = {
+        "exec": {"command": ["test", "-f", "healthy"]},
+        "periodSeconds": 1,
+        "failureThreshold": 2,
+    }
+    apply(
+        k8s_cluster,
+        k8s_namespace,
+        pod_manifest(
+            "unhealthy", script, restartPolicy="Always", container={"livenessProbe": probe}
+        ),
+    )
+    pod = k8s_cluster.wait_pod(
+        "unhealthy",
+        lambda p: p["status"].get("containerStatuses", [{}])[0].get("restartCount", 0) >= 1,
+        "restarted by its liveness probe",
+        k8s_namespace,
+    )
+    last = pod["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert (last["exitCode"], last["signal"]) == (137, 9)
+
+
 def test_deleting_a_pod_sends_sigterm_then_finalises_it(
     k8s_cluster: Cluster, k8s_namespace: str
 ) -> None:

@@ -49,6 +49,19 @@ class Probe:
             self.next_at = started + float(self.spec.get("initialDelaySeconds", 0))
         self.successes = self.failures = 0
 
+    def due(self) -> bool:
+        return self.spec is not None and time.monotonic() >= self.next_at
+
+    def observe(self, ok: bool) -> bool | None:
+        """Records one attempt: True/False once the success/failure threshold is reached."""
+        assert self.spec is not None
+        self.next_at = time.monotonic() + float(self.spec.get("periodSeconds", 10))
+        if ok:
+            self.successes, self.failures = self.successes + 1, 0
+            return True if self.successes >= int(self.spec.get("successThreshold", 1)) else None
+        self.failures, self.successes = self.failures + 1, 0
+        return False if self.failures >= int(self.spec.get("failureThreshold", 3)) else None
+
 
 @dataclass
 class Container:
@@ -62,7 +75,8 @@ class Container:
     last_state: Obj = field(default_factory=dict)
     ready: bool = False
     done: bool = False  # terminated for good (no restart coming)
-    probe: Probe = field(default_factory=lambda: Probe(None))
+    probe: Probe = field(default_factory=lambda: Probe(None))  # readiness
+    liveness: Probe = field(default_factory=lambda: Probe(None))
 
     @property
     def name(self) -> str:
@@ -92,7 +106,10 @@ class PodRunner(threading.Thread):
         self.restart_policy: str = spec.get("restartPolicy", "Always")
         self.init_containers = [Container(c, init=True) for c in spec.get("initContainers", [])]
         self.containers = [
-            Container(c, probe=Probe(c.get("readinessProbe"))) for c in spec.get("containers", [])
+            Container(
+                c, probe=Probe(c.get("readinessProbe")), liveness=Probe(c.get("livenessProbe"))
+            )
+            for c in spec.get("containers", [])
         ]
 
     # ----- called from the watch thread -----------------------------------------------------
@@ -221,6 +238,7 @@ class PodRunner(threading.Thread):
         c.started_mono = time.monotonic()
         c.state = {"running": {"startedAt": now()}}
         c.probe.arm(c.started_mono)
+        c.liveness.arm(c.started_mono)
         c.ready = c.probe.spec is None
         log.info(
             "pod %s/%s: started %s as pid %d: %s",
@@ -245,24 +263,29 @@ class PodRunner(threading.Thread):
         log.info("pod %s/%s: %s exited with %d", self.namespace, self.pod_name, c.name, code)
 
     def _probe(self, c: Container) -> None:
-        spec, probe = c.probe.spec, c.probe
-        if spec is None or c.proc is None or time.monotonic() < probe.next_at:
-            return
-        with self.lock:
-            pod = self.pod
-        env = container_env(pod, c.spec, self.ctx.base_env(pod), self.ctx.client)
-        ok = probe_ok(
-            spec, c.spec, self.pod_ip, self.ctx.exec_prefix(self.hosts), env, str(self.dir)
-        )
-        probe.next_at = time.monotonic() + float(spec.get("periodSeconds", 10))
-        if ok:
-            probe.successes, probe.failures = probe.successes + 1, 0
-            if probe.successes >= int(spec.get("successThreshold", 1)):
-                c.ready = True
-        else:
-            probe.failures, probe.successes = probe.failures + 1, 0
-            if probe.failures >= int(spec.get("failureThreshold", 3)):
-                c.ready = False
+        """Readiness sets the container's ready flag; a failed liveness probe kills the
+        container, which then restarts (or not) by the restart policy."""
+        for probe in (c.probe, c.liveness):
+            if c.proc is None or not probe.due():
+                continue
+            assert probe.spec is not None
+            with self.lock:
+                pod = self.pod
+            env = container_env(pod, c.spec, self.ctx.base_env(pod), self.ctx.client)
+            prefix = self.ctx.exec_prefix(self.hosts)
+            verdict = probe.observe(
+                probe_ok(probe.spec, c.spec, self.pod_ip, prefix, env, str(self.dir))
+            )
+            if probe is c.probe and verdict is not None:
+                c.ready = verdict
+            elif probe is c.liveness and verdict is False:
+                log.info(
+                    "pod %s/%s: %s failed its liveness probe; killing it",
+                    self.namespace,
+                    self.pod_name,
+                    c.name,
+                )
+                procs.signal_group(c.proc.pid, signal.SIGKILL)
 
     # ----- termination ----------------------------------------------------------------------
 
