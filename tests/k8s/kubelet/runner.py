@@ -1,0 +1,419 @@
+"""One pod's life on the process kubelet: its containers as local processes, its probes,
+its reported status, and its termination."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .. import procs
+from ..api import ApiError, Client, pod_path
+from .nodes import NODE_IP, now
+from .podspec import container_argv, container_env, probe_ok
+
+log = logging.getLogger("kubelet.pod")
+
+Obj = dict[str, Any]
+
+TICK_S = 0.2
+MAX_BACKOFF_S = 10.0
+
+
+class Context(Protocol):
+    """What a runner needs from the kubelet around it."""
+
+    client: Client
+    pods_dir: Path
+
+    def base_env(self, pod: Obj) -> dict[str, str]: ...
+    def exec_prefix(self, hosts: Path) -> list[str]: ...
+    def hosts_content(self, pod: Obj, pod_ip: str) -> str: ...
+    def finished(self, runner: PodRunner) -> None: ...
+
+
+@dataclass
+class Probe:
+    spec: Obj | None
+    next_at: float = 0.0
+    successes: int = 0
+    failures: int = 0
+
+    def arm(self, started: float) -> None:
+        if self.spec:
+            self.next_at = started + float(self.spec.get("initialDelaySeconds", 0))
+        self.successes = self.failures = 0
+
+    def due(self) -> bool:
+        return self.spec is not None and time.monotonic() >= self.next_at
+
+    def observe(self, ok: bool) -> bool | None:
+        """Records one attempt: True/False once the success/failure threshold is reached."""
+        assert self.spec is not None
+        self.next_at = time.monotonic() + float(self.spec.get("periodSeconds", 10))
+        if ok:
+            self.successes, self.failures = self.successes + 1, 0
+            return True if self.successes >= int(self.spec.get("successThreshold", 1)) else None
+        self.failures, self.successes = self.failures + 1, 0
+        return False if self.failures >= int(self.spec.get("failureThreshold", 3)) else None
+
+
+@dataclass
+class Container:
+    spec: Obj
+    init: bool = False
+    proc: subprocess.Popen[bytes] | None = None
+    started_mono: float = 0.0
+    restarts: int = 0
+    restart_at: float = 0.0  # monotonic time of the next (re)start; 0 = now
+    state: Obj = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
+    last_state: Obj = field(default_factory=dict)
+    ready: bool = False
+    done: bool = False  # terminated for good (no restart coming)
+    probe: Probe = field(default_factory=lambda: Probe(None))  # readiness
+    liveness: Probe = field(default_factory=lambda: Probe(None))
+
+    @property
+    def name(self) -> str:
+        return self.spec["name"]
+
+
+class PodRunner(threading.Thread):
+    def __init__(self, ctx: Context, pod: Obj, pod_ip: str) -> None:
+        meta = pod["metadata"]
+        super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
+        self.ctx = ctx
+        self.pod = pod
+        self.uid: str = meta["uid"]
+        self.namespace: str = meta["namespace"]
+        self.pod_name: str = meta["name"]
+        self.pod_ip = pod_ip
+        self.dir = ctx.pods_dir / self.namespace / self.pod_name / self.uid
+        self.hosts = self.dir / "hosts"
+        self.wake = threading.Event()
+        self.lock = threading.Lock()
+        self.removed = False  # the pod object is gone from the API
+        self.shutdown = False  # the kubelet itself is stopping
+        self.start_time = now()
+        self.reported: Obj | None = None
+        self.transitions: dict[str, tuple[str, str]] = {}  # condition -> (status, since)
+        spec = pod["spec"]
+        self.restart_policy: str = spec.get("restartPolicy", "Always")
+        self.init_containers = [Container(c, init=True) for c in spec.get("initContainers", [])]
+        self.containers = [
+            Container(
+                c, probe=Probe(c.get("readinessProbe")), liveness=Probe(c.get("livenessProbe"))
+            )
+            for c in spec.get("containers", [])
+        ]
+
+    # ----- called from the watch thread -----------------------------------------------------
+
+    def update(self, pod: Obj) -> None:
+        with self.lock:
+            self.pod = pod
+        self.wake.set()
+
+    def remove(self) -> None:
+        self.removed = True
+        self.wake.set()
+
+    def stop_now(self) -> None:
+        self.shutdown = True
+        self.wake.set()
+
+    # ----- the pod's life -------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self._live()
+        except Exception:
+            log.exception("pod %s/%s: runner failed", self.namespace, self.pod_name)
+            self._kill_all(0.0)
+        finally:
+            self.ctx.finished(self)
+
+    def _live(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.hosts.write_text(self.ctx.hosts_content(self.pod, self.pod_ip))
+        self._report()
+        while True:
+            if self.shutdown or self.removed:
+                self._kill_all(2.0 if self.shutdown else 0.0)
+                return
+            deleting = self.pod["metadata"].get("deletionTimestamp")
+            if deleting:
+                self._terminate_gracefully()
+                return
+            self._step()
+            self._report()
+            self.wake.wait(TICK_S)
+            self.wake.clear()
+
+    def _step(self) -> None:
+        """Advances init containers (one at a time, in order), then the app containers.
+        A failed init container that will not be retried fails the pod: nothing else runs."""
+        if any(c.done and _exit_code(c) for c in self.init_containers):
+            return
+        pending_init = [c for c in self.init_containers if not c.done]
+        if pending_init:
+            self._tend(pending_init[0])
+            return
+        for container in self.containers:
+            self._tend(container)
+            self._probe(container)
+
+    def _tend(self, c: Container) -> None:
+        """Starts, reaps and restarts one container according to the restart policy."""
+        if c.done:
+            return
+        if c.proc is None:
+            if time.monotonic() >= c.restart_at:
+                self._start(c)
+            return
+        code = c.proc.poll()
+        if code is None:
+            return
+        self._reaped(c, code)
+        restart = self.restart_policy == "Always" and not c.init
+        restart = restart or (self.restart_policy != "Never" and code != 0)
+        if restart:
+            c.restarts += 1
+            c.restart_at = time.monotonic() + min(MAX_BACKOFF_S, 0.5 * 2 ** min(c.restarts, 5))
+            c.last_state, c.state = c.state, {"waiting": {"reason": "CrashLoopBackOff"}}
+        else:
+            c.done = True
+
+    def _start(self, c: Container) -> None:
+        with self.lock:
+            pod = self.pod
+        pod = {**pod, "status": {**pod.get("status", {}), **self._addresses()}}
+        try:
+            env = container_env(pod, c.spec, self.ctx.base_env(pod), self.ctx.client)
+            argv = container_argv(c.spec, env)
+        except (ValueError, KeyError, ApiError) as err:
+            # Like CreateContainerConfigError: keep waiting, retry later.
+            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(err)}}
+            c.restart_at = time.monotonic() + 2.0
+            return
+        ignored = [
+            m["mountPath"]
+            for m in c.spec.get("volumeMounts", [])
+            if not m["name"].startswith("kube-api-access-")  # the injected SA token
+        ]
+        if ignored and c.restarts == 0:
+            log.warning(
+                "pod %s/%s: %s: volumes are not mounted by the process kubelet: %s",
+                self.namespace,
+                self.pod_name,
+                c.name,
+                ", ".join(ignored),
+            )
+        cwd = c.spec.get("workingDir")
+        cwd = cwd if cwd and Path(cwd).is_dir() else str(self.dir)
+        try:
+            c.proc = procs.start(
+                [*self.ctx.exec_prefix(self.hosts), *argv],
+                self.dir / f"{c.name}.log",
+                env=env,
+                cwd=Path(cwd),
+            )
+        except OSError as err:
+            c.state = {
+                "terminated": {
+                    "exitCode": 127,
+                    "reason": "StartError",
+                    "message": str(err),
+                    "finishedAt": now(),
+                }
+            }
+            c.done = True
+            return
+        (self.dir / f"{c.name}.pid").write_text(str(c.proc.pid))
+        c.started_mono = time.monotonic()
+        c.state = {"running": {"startedAt": now()}}
+        c.probe.arm(c.started_mono)
+        c.liveness.arm(c.started_mono)
+        c.ready = c.probe.spec is None
+        log.info(
+            "pod %s/%s: started %s as pid %d: %s",
+            self.namespace,
+            self.pod_name,
+            c.name,
+            c.proc.pid,
+            argv,
+        )
+
+    def _reaped(self, c: Container, code: int) -> None:
+        started = c.state.get("running", {}).get("startedAt", now())
+        terminated: Obj = {"startedAt": started, "finishedAt": now()}
+        if code < 0:  # killed by a signal: report it as a shell would
+            terminated.update(exitCode=128 - code, signal=-code, reason="Error")
+        else:
+            terminated.update(exitCode=code, reason="Completed" if code == 0 else "Error")
+        c.state = {"terminated": terminated}
+        c.proc = None
+        c.ready = False
+        (self.dir / f"{c.name}.pid").unlink(missing_ok=True)
+        log.info("pod %s/%s: %s exited with %d", self.namespace, self.pod_name, c.name, code)
+
+    def _probe(self, c: Container) -> None:
+        """Readiness sets the container's ready flag; a failed liveness probe kills the
+        container, which then restarts (or not) by the restart policy."""
+        for probe in (c.probe, c.liveness):
+            if c.proc is None or not probe.due():
+                continue
+            assert probe.spec is not None
+            with self.lock:
+                pod = self.pod
+            env = container_env(pod, c.spec, self.ctx.base_env(pod), self.ctx.client)
+            prefix = self.ctx.exec_prefix(self.hosts)
+            verdict = probe.observe(
+                probe_ok(probe.spec, c.spec, self.pod_ip, prefix, env, str(self.dir))
+            )
+            if probe is c.probe and verdict is not None:
+                c.ready = verdict
+            elif probe is c.liveness and verdict is False:
+                log.info(
+                    "pod %s/%s: %s failed its liveness probe; killing it",
+                    self.namespace,
+                    self.pod_name,
+                    c.name,
+                )
+                procs.signal_group(c.proc.pid, signal.SIGKILL)
+
+    # ----- termination ----------------------------------------------------------------------
+
+    def _kill_all(self, grace: float) -> None:
+        """SIGTERM every running process group, SIGKILL whatever outlives grace seconds."""
+        running = [
+            (c, c.proc) for c in [*self.init_containers, *self.containers] if c.proc is not None
+        ]
+        for _, proc in running:
+            procs.signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for _, p in running):
+            time.sleep(0.05)
+        for c, proc in running:
+            procs.signal_group(proc.pid, signal.SIGKILL)
+            self._reaped(c, proc.wait())
+            c.done = True
+
+    def _terminate_gracefully(self) -> None:
+        with self.lock:
+            meta, spec = self.pod["metadata"], self.pod["spec"]
+        grace = meta.get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = spec.get("terminationGracePeriodSeconds", 30)
+        self._kill_all(float(grace))
+        for c in self.containers:
+            if "terminated" not in c.state:
+                c.state = {
+                    "terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now()}
+                }
+            c.done = True
+        self._report()
+        # The kubelet's last word: remove the object now that nothing runs any more.
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}}
+        try:
+            self.ctx.client.delete(pod_path(self.namespace, self.pod_name), body)
+        except ApiError as err:
+            if err.status != 409:  # 409: a new pod of the same name; ours is gone already
+                raise
+
+    # ----- status ---------------------------------------------------------------------------
+
+    def _addresses(self) -> Obj:
+        return {
+            "hostIP": NODE_IP,
+            "hostIPs": [{"ip": NODE_IP}],
+            "podIP": self.pod_ip,
+            "podIPs": [{"ip": self.pod_ip}],
+        }
+
+    def _phase(self) -> str:
+        if any(c.done and _exit_code(c) for c in self.init_containers):
+            return "Failed"
+        if any(not c.done for c in self.init_containers):
+            return "Pending"
+        if all(c.done for c in self.containers):
+            return "Failed" if any(_exit_code(c) for c in self.containers) else "Succeeded"
+        if any("running" in c.state or c.restarts or c.done for c in self.containers):
+            return "Running"
+        return "Pending"
+
+    def _condition(self, kind: str, ok: bool) -> Obj:
+        """A pod condition whose lastTransitionTime moves only when its status does."""
+        status = "True" if ok else "False"
+        previous = self.transitions.get(kind)
+        if previous is None or previous[0] != status:
+            self.transitions[kind] = previous = (status, now())
+        return {
+            "type": kind,
+            "status": status,
+            "lastProbeTime": None,
+            "lastTransitionTime": previous[1],
+        }
+
+    def _status(self) -> Obj:
+        initialized = all(c.done and not _exit_code(c) for c in self.init_containers)
+        ready = initialized and all(c.ready for c in self.containers)
+        condition = self._condition
+        return {
+            "phase": self._phase(),
+            "startTime": self.start_time,
+            **self._addresses(),
+            "conditions": [
+                condition("PodReadyToStartContainers", True),
+                condition("Initialized", initialized),
+                condition("Ready", ready),
+                condition("ContainersReady", ready),
+                condition("PodScheduled", True),
+            ],
+            "initContainerStatuses": [_container_status(c) for c in self.init_containers],
+            "containerStatuses": [_container_status(c) for c in self.containers],
+        }
+
+    def _report(self) -> None:
+        status = self._status()
+        if status == self.reported:
+            return
+        try:
+            self.ctx.client.merge_patch(
+                f"{pod_path(self.namespace, self.pod_name)}/status", {"status": status}
+            )
+            self.reported = status
+        except ApiError as err:
+            if err.status == 404:
+                self.removed = True
+            else:
+                log.warning(
+                    "pod %s/%s: status update failed: %s", self.namespace, self.pod_name, err
+                )
+
+    @property
+    def running_pids(self) -> list[int]:
+        return [c.proc.pid for c in [*self.init_containers, *self.containers] if c.proc]
+
+
+def _exit_code(c: Container) -> int:
+    return int(c.state.get("terminated", {}).get("exitCode", 0))
+
+
+def _container_status(c: Container) -> Obj:
+    return {
+        "name": c.name,
+        "image": c.spec.get("image", ""),
+        "imageID": "",
+        "containerID": f"process://{c.proc.pid}" if c.proc else "",
+        "ready": c.ready,
+        "started": c.proc is not None,
+        "restartCount": c.restarts,
+        "state": c.state,
+        "lastState": c.last_state,
+    }

@@ -1,0 +1,121 @@
+"""Starting, waiting for and stopping local processes, always by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class Timeout(RuntimeError):
+    pass
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+) -> T:
+    """Polls condition until it returns a truthy value; exceptions count as 'not yet'."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as err:  # not ready yet; remember why for the timeout message
+            last_error = err
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_error})" if last_error else ""
+            raise Timeout(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def start(
+    argv: Sequence[str | os.PathLike[str]],
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Starts argv in its own session (process group), output appended to log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [str(a) for a in argv],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, ..."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a reparented zombie still answers kill(pid, 0))."""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    return [pid for pid in pids if (f := _stat(pid)) and f[0] != "Z" and f[2] == str(pgid)]
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """Signals the process group led by pid: every process we start leads its own group,
+    so this also reaches whatever it forked."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_group_gone(proc: subprocess.Popen[bytes] | None, pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None:
+            proc.poll()  # reap our own child, or it stays a zombie member
+        if not group_members(pgid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[bytes] | int, grace: float = 10.0) -> None:
+    """SIGTERM to the process group, SIGKILL to what is left after grace seconds, then
+    waits until no process of the group runs (our child is reaped too)."""
+    pid = proc if isinstance(proc, int) else proc.pid
+    child = None if isinstance(proc, int) else proc
+    signal_group(pid, signal.SIGTERM)
+    if not _wait_group_gone(child, pid, grace):
+        signal_group(pid, signal.SIGKILL)
+        _wait_group_gone(child, pid, 10.0)
+    if child is not None:
+        child.wait()
