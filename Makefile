@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format clean
+.PHONY: demo test lint format clean k8s-bin k8s-up test-k8s
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,9 +15,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## the resources example on a local cluster
 	$(BIN)/apportion demo
 
-test: $(STAMP)  ## lint, then the whole test suite
+test: $(STAMP) k8s-bin  ## lint, then the whole test suite (Kubernetes tests included)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+k8s-bin:  ## build (or reuse) the test Kubernetes binaries: ~6 min cold, instant when cached
+	bash tests/k8s/build.sh
+
+k8s-up: $(STAMP) k8s-bin  ## a local Kubernetes cluster with fake GPU nodes, until Ctrl-C
+	$(BIN)/python -m tests.k8s up
+
+test-k8s: $(STAMP) k8s-bin  ## only the Kubernetes tests
+	$(BIN)/python -m pytest -m k8s tests/k8s
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
