@@ -83,6 +83,7 @@ class WorkerState:
         "name",
         "nthreads",
         "processing",
+        "retiring",
         "slots",
         "total",
         "used",
@@ -106,6 +107,8 @@ class WorkerState:
         # Kept equal to total - used, so fit checks need no subtraction on the hot path.
         self.free: Resources = dict(resources)
         self.slots = self.nthreads + max(0, prefetch)
+        # Chosen for removal (scale-down): it gets no new work and waits to be stopped.
+        self.retiring = False
         # run_id -> task. Entries stay until the worker reports the run over, even when
         # the task was cancelled meanwhile: that is when its resources are really free.
         self.processing: dict[int, TaskState] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import json
 import logging
@@ -285,6 +286,9 @@ def _guess_ip() -> str:
 
 
 def _status_app(scheduler: Scheduler) -> tornado.web.Application:
+    """``GET /health``, ``GET /api/v1/info`` (read-only, open) and
+    ``POST /api/v1/retire`` (changes the cluster: needs ``Authorization: Bearer <token>``)."""
+
     class Health(tornado.web.RequestHandler):
         def get(self) -> None:
             self.write("ok")
@@ -296,4 +300,24 @@ def _status_app(scheduler: Scheduler) -> tornado.web.Application:
             self.set_header("Content-Type", "application/json")
             self.write(json.dumps(info))
 
-    return tornado.web.Application([(r"/health", Health), (r"/api/v1/info", Info)])
+    class Retire(tornado.web.RequestHandler):
+        def post(self) -> None:
+            if scheduler.token is not None:
+                offered = self.request.headers.get("Authorization", "")
+                if not hmac.compare_digest(offered, f"Bearer {scheduler.token}"):
+                    raise tornado.web.HTTPError(401, reason="a valid bearer token is required")
+            try:
+                body = json.loads(self.request.body or b"{}")
+                names = [str(n) for n in body["workers"]]
+                count = int(body.get("count", len(names)))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise tornado.web.HTTPError(
+                    400, reason=f'expected {{"workers": [names], "count": n}}: {exc}'
+                ) from None
+            retired = scheduler.state.retire_workers(names, count)
+            self.set_header("Content-Type", "application/json")
+            self.write(json.dumps({"retired": retired}))
+
+    return tornado.web.Application(
+        [(r"/health", Health), (r"/api/v1/info", Info), (r"/api/v1/retire", Retire)]
+    )

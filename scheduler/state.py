@@ -239,6 +239,31 @@ class SchedulerState:
             else:
                 self._release_if_unneeded(ts)
 
+    def retire_workers(self, names: list[str], count: int) -> list[str]:
+        """Choose up to ``count`` of the named workers for removal and stop giving them work.
+
+        Idle workers go first, then those running and holding the least; the caller stops
+        the chosen ones, whose loss is then handled like any other (lineage recompute).
+        """
+        wanted = set(names)
+        candidates = sorted(
+            (ws for ws in self.workers.values() if ws.name in wanted),
+            key=lambda ws: (
+                ws.retiring is False,
+                len(ws.processing),
+                sum(ts.nbytes for ts in ws.has_what),
+                ws.name,
+            ),
+        )
+        chosen = candidates[: max(0, count)]
+        for ws in chosen:
+            ws.retiring = True
+            ws.slots = 0
+            self.with_slots.pop(ws, None)
+        if chosen:
+            logger.info("retiring workers %s", [ws.name for ws in chosen])
+        return [ws.name for ws in chosen]
+
     def handle_heartbeat(self, address: str) -> None:
         ws = self.workers.get(address)
         if ws is not None:
@@ -572,6 +597,7 @@ class SchedulerState:
                     "used_resources": dict(ws.used),
                     "memory_limit": ws.memory_limit,
                     "processing": len(ws.processing),
+                    "retiring": ws.retiring,
                     "in_memory": len(ws.has_what),
                     **ws.info,
                 }
@@ -612,7 +638,7 @@ class SchedulerState:
                     )
                 if abs(ws.free[name] - (total - used)) > 1e-9:
                     problems.append(f"{ws.name}: {name} free {ws.free[name]} != total - used")
-            if len(ws.processing) > ws.slots:
+            if len(ws.processing) > ws.slots and not ws.retiring:
                 problems.append(f"{ws.name}: {len(ws.processing)} runs > {ws.slots} slots")
         for ts in self.tasks.values():
             if ts.state == "processing" and (

@@ -190,3 +190,38 @@ def test_scheduler_http_status_reports_health_and_workers() -> None:
             {"GPU": 2},
             {"GPU": 0},
         )
+
+
+def test_retire_endpoint_picks_idle_workers_of_the_named_set_and_needs_the_token() -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from tests.integration.tasks import hold
+
+    workers = [{"name": n, "resources": {"GPU": 1}} for n in ("g0", "g1", "g2")]
+    with LocalCluster(workers=workers, http_port=0) as cluster, Client(cluster) as client:
+        busy = client.submit(hold, 2.0, "busy", resources={"GPU": 1}, pure=False)
+        wait_until(
+            lambda: any(w["processing"] for w in client.scheduler_info()["workers"].values()),
+            what="running",
+        )
+        running_on = next(
+            w["name"] for w in client.scheduler_info()["workers"].values() if w["processing"]
+        )
+        url = f"http://127.0.0.1:{cluster.http_port}/api/v1/retire"
+        body = json.dumps({"workers": ["g0", "g1", "g2"], "count": 2}).encode()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, body, method="POST"), timeout=10)
+        assert refused.value.code == 401
+        request = urllib.request.Request(
+            url, body, method="POST", headers={"Authorization": f"Bearer {cluster.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            retired = json.loads(response.read())["retired"]
+        assert len(retired) == 2 and running_on not in retired
+        info = {w["name"]: w for w in client.scheduler_info()["workers"].values()}
+        assert all(info[name]["retiring"] for name in retired)
+        records = client.gather(client.map(hold, [0.01] * 6, range(6), resources={"GPU": 1}))
+        assert {r["worker"] for r in records} == {running_on}, "retiring workers get no work"
+        assert busy.result(timeout=30)["worker"] == running_on
