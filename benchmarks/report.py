@@ -66,7 +66,40 @@ def _stem(results: dict[str, Any]) -> str:
 def write(results: dict[str, Any], out: Path) -> None:
     stem = _stem(results)
     (out / f"{stem}results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (out / f"{stem}results.md").write_text(markdown(results))
     draw(results, out / f"{stem}ratios.png")
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The table as Markdown, to paste into or link from the README."""
+    systems = list(results["medians"])
+    peers = [s for s in systems if s != "apportion"]
+    meta = results["meta"]
+    head = ["workload", "unit", *(f"{s} {meta['versions'].get(s, '')}" for s in systems)]
+    head += [f"x {p}" for p in peers] + ["target"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for metric in METRICS:
+        row = [metric.label, metric.unit]
+        row += [_fmt(results["medians"][s].get(metric.name)) for s in systems]
+        for peer in peers:
+            ratio = results["ratios"][peer].get(metric.name)
+            row.append(NA if ratio is None else f"{ratio:.2f}x")
+        target = results["targets"].get(metric.name)
+        if target is None:
+            row.append("")
+        else:
+            sign = ">=" if metric.higher_is_better else "<="
+            row.append(f"{sign} {_fmt(target['target'])} {'met' if target['met'] else 'MISSED'}")
+        lines.append("| " + " | ".join(row) + " |")
+    quick = ", quick sizes" if meta["quick"] else ""
+    lines += [
+        "",
+        f"Medians of {meta['reps']} repetitions{quick}, {meta['cpus']} cores, engine "
+        f"{meta.get('engine', '?')}, {meta['when']}. Load before: `{meta['uptime_start']}`; "
+        f"after: `{meta['uptime_end']}`. x peer: apportion's advantage (>1: apportion "
+        "better; for times and bytes, peer/apportion).",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def print_table(results: dict[str, Any]) -> None:
@@ -107,15 +140,18 @@ def print_table(results: dict[str, Any]) -> None:
 
 def draw(results: dict[str, Any], path: Path) -> None:
     """Grouped bars: apportion's advantage over each peer per workload, log scale."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     peers = list(results["ratios"])
     metrics = [m for m in METRICS if any(m.name in results["ratios"][p] for p in peers)]
     if not peers or not metrics:
         return
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install -r benchmarks/requirements.txt)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(10, 4.8))
     width = 0.8 / len(peers)
     for i, peer in enumerate(peers):

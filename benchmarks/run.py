@@ -52,23 +52,36 @@ def _wait_for_low_load(limit: float, max_wait: float) -> None:
         time.sleep(2)
 
 
-def _cleanup_group(pgid: int) -> int:
-    """Kill what is left of a child's process group (ours); return how many were left."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return 0
-    left = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+def _cleanup_group(pgid: int) -> list[str]:
+    """Give a finished child's process group (ours) 3 s to empty, then kill what is left;
+    return the command lines of the stragglers."""
+    deadline = time.monotonic() + 3
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    ps = ["ps", "-o", "pid=,args=", "-g", str(pgid)]
+    left = [" ".join(line.split())[:120] for line in _output(ps).splitlines() if line.strip()]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
             break
         time.sleep(1)
-    return len(left)
+    return left
 
 
-def _child(args: list[str], log: Path, ready_line: bool = False) -> tuple[int, float, str, int]:
+def _output(cmd: list[str]) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+
+
+def _child(
+    args: list[str], log: Path, ready_line: bool = False
+) -> tuple[int, float, str, list[str]]:
     """Run ``benchmarks.child`` in a new session; return (rc, seconds to READY, READY text,
     leftover processes)."""
     cmd = [sys.executable, "-m", "benchmarks.child", *args]
@@ -131,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = ["--quick"] if opts.quick else []
 
     runs: list[dict[str, Any]] = []
-    uptime_start = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    uptime_start, engine_start = _output(["uptime"]), _engine_revision()
     for rep in range(reps):
         _wait_for_low_load(opts.max_load, 30)
         for system in _rotate(systems, rep):
@@ -162,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run)
                 status = "ok" if rc == 0 and metrics else f"FAILED (rc={rc}, log {log})"
                 print(f"rep {rep + 1}/{reps} {system:9} {mode:10} {status}", file=sys.stderr)
-    uptime_end = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    uptime_end = _output(["uptime"])
 
     results = report.summarise(runs, systems)
     results["meta"] = {
@@ -176,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "versions": _versions(systems),
-        "engine": _engine_revision(),
+        # The lead may commit engine changes during a run: both ends are recorded.
+        "engine": engine_start,
+        "engine_end": _engine_revision(),
         "logs": str(logs),
     }
     results["runs"] = runs
