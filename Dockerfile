@@ -1,0 +1,28 @@
+# The apportion image: scheduler, worker and operator in one. Pods always run an explicit
+# command (`apportion scheduler ...`, `apportion worker ...`, `apportion operator ...`), so
+# nothing relies on an entrypoint.
+#
+#   docker build -t apportion:0.1.0 .
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY . /src
+RUN pip install --no-cache-dir . \
+    && rm -rf /src
+
+# Non-root, with a fixed UID/GID the Helm chart's securityContext (runAsUser 10001) expects.
+RUN groupadd --system --gid 10001 apportion \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /home/apportion --create-home \
+       --shell /usr/sbin/nologin apportion
+USER 10001:10001
+WORKDIR /home/apportion
+
+# Scheduler TCP port and its HTTP status port.
+EXPOSE 8786 8787
+
+ENTRYPOINT []
+CMD ["apportion", "--help"]

@@ -1,0 +1,69 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "apportion.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name, prefixed with the chart name unless it contains it. */}}
+{{- define "apportion.fullname" -}}
+{{- if contains .Chart.Name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "apportion.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "apportion.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "apportion.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "apportion.labels" -}}
+{{ include "apportion.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+helm.sh/chart: {{ include "apportion.chart" . }}
+{{- end }}
+
+{{- define "apportion.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "apportion.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's image; also the default image of ResourceCluster pods. */}}
+{{- define "apportion.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/* Rules for the namespaced objects the operator reads and writes. */}}
+{{- define "apportion.namespacedRules" -}}
+- apiGroups: ["apportion.dev"]
+  resources: ["resourceclusters", "resourceclusters/status"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+- apiGroups: [""]
+  resources: ["services", "secrets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- end }}
+
+{{/* Cluster-scoped reads that kopf needs in every mode. */}}
+{{- define "apportion.crdRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
