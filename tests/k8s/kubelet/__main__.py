@@ -23,9 +23,10 @@ from typing import Any
 
 from .. import paths
 from ..api import ApiError, Client, Credentials
-from . import dns, server
+from . import dns, server, serviceaccount
 from .nodes import NODE_IP, NODES, NodeKeeper
 from .runner import PodRunner
+from .serviceaccount import ApiForwarder, TokenVolume
 
 log = logging.getLogger("kubelet")
 
@@ -73,10 +74,17 @@ def unshare_args() -> list[str] | None:
 
 
 class Kubelet:
-    def __init__(self, client: Client, pods_dir: Path, api_port: int, ip_octet: int) -> None:
+    def __init__(
+        self, client: Client, pods_dir: Path, api_port: int, ip_octet: int, ca: Path
+    ) -> None:
         self.client = client
         self.pods_dir = pods_dir
         self.api_port = api_port
+        self.ca = ca
+        # Where pods' /etc/hosts sends kubernetes.default.svc: the API server itself (only
+        # right for clients that use KUBERNETES_SERVICE_PORT), or a forwarder on port 443.
+        self.api_ip = NODE_IP
+        self.forwarder_ip = f"127.{ip_octet}.255.254"
         self.runners: dict[str, PodRunner] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -84,7 +92,11 @@ class Kubelet:
         self.unshare = unshare_args()
         self.private_hosts = self.unshare is not None
         if self.unshare is None:
-            log.warning("cannot unshare a mount namespace: Service names will not resolve")
+            log.warning(
+                "cannot unshare a mount namespace: Service names will not resolve and pods "
+                "get no service-account token"
+            )
+        self.sa_mounts = self.unshare is not None and serviceaccount.prepare_mount_point()
         # The current Python environment's bin dir first, so `python` and `apportion`
         # resolve to the test virtualenv.
         self.path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
@@ -98,31 +110,41 @@ class Kubelet:
             HOSTNAME=pod["spec"].get("hostname") or pod["metadata"]["name"],
             # Unbuffered output, so pod logs can be read while the pod runs.
             PYTHONUNBUFFERED="1",
+            # The real API server: the `kubernetes` Service's ClusterIP does not route here.
             KUBERNETES_SERVICE_HOST=NODE_IP,
             KUBERNETES_SERVICE_PORT=str(self.api_port),
+            KUBERNETES_SERVICE_PORT_HTTPS=str(self.api_port),
+            KUBERNETES_PORT=f"tcp://{NODE_IP}:{self.api_port}",
         )
         return env
 
-    def exec_prefix(self, hosts: Path) -> list[str]:
+    def exec_prefix(self, hosts: Path, token_dir: Path | None = None) -> list[str]:
         if self.unshare is None:
             return []
-        # A private mount namespace in which the pod's hosts file covers /etc/hosts;
-        # `exec` keeps the pod's command as the process whose PID we track.
-        script = 'mount --bind "$0" /etc/hosts && exec "$@"'
-        return [
-            "unshare",
-            *self.unshare,
-            "--",
-            "/bin/sh",
-            "-c",
-            script,
-            str(hosts),
-        ]
+        # A private mount namespace in which the pod's hosts file covers /etc/hosts and its
+        # service-account folder (read-only) the token mount point; `exec` keeps the pod's
+        # command as the process whose PID we track.
+        if token_dir is None:
+            script, args = 'mount --bind "$0" /etc/hosts && exec "$@"', [str(hosts)]
+        else:
+            script = (
+                'mount --bind "$0" /etc/hosts'
+                f' && mount --bind -o ro "$1" {serviceaccount.MOUNT_PATH}'
+                ' && shift && exec "$@"'
+            )
+            args = [str(hosts), str(token_dir)]
+        return ["unshare", *self.unshare, "--", "/bin/sh", "-c", script, *args]
+
+    def token_volume(self, pod: Obj, folder: Path) -> TokenVolume | None:
+        """The pod's service-account folder, or None where it gets none."""
+        if not self.sa_mounts or not serviceaccount.wants_token(pod, self.client):
+            return None
+        return TokenVolume(self.client, pod, folder, self.ca)
 
     def hosts_content(self, pod: Obj, pod_ip: str) -> str:
         services = self.client.get("/api/v1/services")["items"]
         pods = self.client.get("/api/v1/pods")["items"]
-        return dns.hosts_file(pod, pod_ip, services, pods)
+        return dns.hosts_file(pod, pod_ip, services, pods, self.api_ip)
 
     def finished(self, runner: PodRunner) -> None:
         with self.lock:
@@ -205,7 +227,7 @@ class Kubelet:
                 with self.lock:
                     runners = list(self.runners.values())
                 for runner in runners:
-                    content = dns.hosts_file(runner.pod, runner.pod_ip, services, pods)
+                    content = dns.hosts_file(runner.pod, runner.pod_ip, services, pods, self.api_ip)
                     if runner.hosts.exists() and runner.hosts.read_text() != content:
                         runner.hosts.write_text(content)
             except Exception as err:
@@ -245,7 +267,10 @@ def main(argv: list[str] | None = None) -> None:
     client = Client(creds)
     api_port = urllib.parse.urlsplit(creds.server).port or 443
     octet = args.pod_ip_octet or 10 + args.port % 240
-    kubelet = Kubelet(client, args.pods_dir, api_port, octet)
+    kubelet = Kubelet(client, args.pods_dir, api_port, octet, creds.ca)
+    forwarder = ApiForwarder(kubelet.forwarder_ip, api_port)
+    if forwarder.start():
+        kubelet.api_ip = forwarder.listen_ip
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -257,16 +282,20 @@ def main(argv: list[str] | None = None) -> None:
     for target in (keeper.run, kubelet.watch_pods, kubelet.refresh_dns):
         threading.Thread(target=target, name=target.__name__, daemon=True).start()
     log.info(
-        "process kubelet up: nodes %s, pod IPs 127.%d.x.y, private /etc/hosts: %s",
+        "process kubelet up: nodes %s, pod IPs 127.%d.x.y, private /etc/hosts: %s, "
+        "service-account tokens: %s, kubernetes.default.svc: %s",
         ", ".join(NODES),
         octet,
         kubelet.private_hosts,
+        kubelet.sa_mounts,
+        kubelet.api_ip,
     )
     while not stop.wait(1.0):
         pass
     log.info("stopping: killing pod processes")
     keeper.stopping.set()
     kubelet.shutdown()
+    forwarder.close()
 
 
 if __name__ == "__main__":

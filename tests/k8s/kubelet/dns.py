@@ -37,8 +37,24 @@ def service_names(name: str, namespace: str, same_namespace: bool) -> list[str]:
     return [name, *names] if same_namespace else names
 
 
-def hosts_file(pod: Obj, pod_ip: str, services: Iterable[Obj], pods: Iterable[Obj]) -> str:
-    """The /etc/hosts content for pod: localhost, its own name, and every Service name."""
+# The API server's in-cluster names (the `kubernetes` Service has no selector).
+API_NAMES = (
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    f"kubernetes.default.svc.{CLUSTER_DOMAIN}",
+)
+
+
+def hosts_file(
+    pod: Obj,
+    pod_ip: str,
+    services: Iterable[Obj],
+    pods: Iterable[Obj],
+    api_ip: str | None = None,
+) -> str:
+    """The /etc/hosts content for pod: localhost, its own name, the API server's names
+    (at api_ip, when given) and every Service name."""
     meta = pod["metadata"]
     namespace = meta["namespace"]
     hostname = pod["spec"].get("hostname") or meta["name"]
@@ -48,6 +64,8 @@ def hosts_file(pod: Obj, pod_ip: str, services: Iterable[Obj], pods: Iterable[Ob
         "::1\tlocalhost ip6-localhost ip6-loopback",
         f"{pod_ip}\t{hostname}",
     ]
+    if api_ip:
+        lines.append(f"{api_ip}\t{' '.join(API_NAMES)}")
     pods = sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]))
     for svc in sorted(services, key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"])):
         svc_ns, svc_name = svc["metadata"]["namespace"], svc["metadata"]["name"]

@@ -16,6 +16,7 @@ from .. import procs
 from ..api import ApiError, Client, pod_path
 from .nodes import NODE_IP, now
 from .podspec import container_argv, container_env, probe_ok
+from .serviceaccount import TokenVolume
 
 log = logging.getLogger("kubelet.pod")
 
@@ -32,7 +33,8 @@ class Context(Protocol):
     pods_dir: Path
 
     def base_env(self, pod: Obj) -> dict[str, str]: ...
-    def exec_prefix(self, hosts: Path) -> list[str]: ...
+    def exec_prefix(self, hosts: Path, token_dir: Path | None = None) -> list[str]: ...
+    def token_volume(self, pod: Obj, folder: Path) -> TokenVolume | None: ...
     def hosts_content(self, pod: Obj, pod_ip: str) -> str: ...
     def finished(self, runner: PodRunner) -> None: ...
 
@@ -95,6 +97,7 @@ class PodRunner(threading.Thread):
         self.pod_ip = pod_ip
         self.dir = ctx.pods_dir / self.namespace / self.pod_name / self.uid
         self.hosts = self.dir / "hosts"
+        self.token: TokenVolume | None = None  # the service-account folder, if any
         self.wake = threading.Event()
         self.lock = threading.Lock()
         self.removed = False  # the pod object is gone from the API
@@ -136,11 +139,14 @@ class PodRunner(threading.Thread):
             log.exception("pod %s/%s: runner failed", self.namespace, self.pod_name)
             self._kill_all(0.0)
         finally:
+            if self.token is not None:
+                self.token.remove()
             self.ctx.finished(self)
 
     def _live(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.hosts.write_text(self.ctx.hosts_content(self.pod, self.pod_ip))
+        self.token = self._token_volume()
         self._report()
         while True:
             if self.shutdown or self.removed:
@@ -150,10 +156,28 @@ class PodRunner(threading.Thread):
             if deleting:
                 self._terminate_gracefully()
                 return
+            if self.token is not None:
+                self.token.ensure()  # renews the token when due
             self._step()
             self._report()
             self.wake.wait(TICK_S)
             self.wake.clear()
+
+    def _token_volume(self) -> TokenVolume | None:
+        """Decides whether the pod gets a service-account folder (reading its
+        ServiceAccount may fail for a while: retried until the pod goes)."""
+        while not (self.shutdown or self.removed or self.pod["metadata"].get("deletionTimestamp")):
+            try:
+                return self.ctx.token_volume(self.pod, self.dir / "serviceaccount")
+            except ApiError as err:
+                log.warning("pod %s/%s: %s", self.namespace, self.pod_name, err)
+            self.wake.wait(2.0)
+            self.wake.clear()
+        return None
+
+    @property
+    def _token_dir(self) -> Path | None:
+        return self.token.folder if self.token is not None else None
 
     def _step(self) -> None:
         """Advances init containers (one at a time, in order), then the app containers.
@@ -193,6 +217,11 @@ class PodRunner(threading.Thread):
         with self.lock:
             pod = self.pod
         pod = {**pod, "status": {**pod.get("status", {}), **self._addresses()}}
+        if self.token is not None and not self.token.ensure():
+            # Like a volume that cannot be set up yet: the container waits.
+            c.state = {"waiting": {"reason": "ContainerCreating", "message": self.token.error()}}
+            c.restart_at = time.monotonic() + 1.0
+            return
         try:
             env = container_env(pod, c.spec, self.ctx.base_env(pod), self.ctx.client)
             argv = container_argv(c.spec, env)
@@ -218,7 +247,7 @@ class PodRunner(threading.Thread):
         cwd = cwd if cwd and Path(cwd).is_dir() else str(self.dir)
         try:
             c.proc = procs.start(
-                [*self.ctx.exec_prefix(self.hosts), *argv],
+                [*self.ctx.exec_prefix(self.hosts, self._token_dir), *argv],
                 self.dir / f"{c.name}.log",
                 env=env,
                 cwd=Path(cwd),
@@ -272,7 +301,7 @@ class PodRunner(threading.Thread):
             with self.lock:
                 pod = self.pod
             env = container_env(pod, c.spec, self.ctx.base_env(pod), self.ctx.client)
-            prefix = self.ctx.exec_prefix(self.hosts)
+            prefix = self.ctx.exec_prefix(self.hosts, self._token_dir)
             verdict = probe.observe(
                 probe_ok(probe.spec, c.spec, self.pod_ip, prefix, env, str(self.dir))
             )
