@@ -11,7 +11,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /src
 COPY . /src
-RUN pip install --no-cache-dir . \
+# The kubernetes extra (kopf, kubernetes) is what `apportion operator` needs.
+RUN pip install --no-cache-dir ".[kubernetes]" \
     && rm -rf /src
 
 # Non-root, with a fixed UID/GID the Helm chart's securityContext (runAsUser 10001) expects.
