@@ -3,18 +3,22 @@ clients expect (token files, KUBERNETES_SERVICE_HOST/PORT, https://kubernetes.de
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .api import ApiError
 from .controlplane import Cluster
-from .kubelet.serviceaccount import MOUNT_PATH
+from .kubelet.serviceaccount import MOUNT_PATH, TokenVolume
 from .test_harness import pod_manifest
 
-pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
+k8s = pytest.mark.k8s
 
 # Reads the mounted token files and GETs its own pod with urllib only, through the env vars
 # and through https://kubernetes.default.svc; prints "<via> <status> <name or message>".
@@ -80,6 +84,7 @@ def token_dir(cluster: Cluster, name: str, namespace: str) -> Path:
     return cluster.pod_log_path(name, namespace).parent / "serviceaccount"
 
 
+@k8s
 def test_pod_reads_itself_with_its_service_account(
     k8s_cluster: Cluster, k8s_namespace: str
 ) -> None:
@@ -103,6 +108,7 @@ def test_pod_reads_itself_with_its_service_account(
     k8s_cluster.wait_for(lambda: not folder.exists(), "the token folder removed", timeout=30)
 
 
+@k8s
 def test_without_a_role_the_service_account_is_forbidden(
     k8s_cluster: Cluster, k8s_namespace: str
 ) -> None:
@@ -119,6 +125,7 @@ def test_without_a_role_the_service_account_is_forbidden(
     assert f'"system:serviceaccount:{ns}:nobody" cannot get resource "pods"' in first, log
 
 
+@k8s
 @pytest.mark.parametrize(
     ("pod_automount", "account_automount", "mounted"),
     [(False, None, False), (None, False, False), (True, False, True)],
@@ -148,6 +155,7 @@ def test_automount_service_account_token(
     assert token_dir(k8s_cluster, "probe", ns).exists() == mounted
 
 
+@k8s
 @pytest.mark.skipif(
     importlib.util.find_spec("kubernetes") is None, reason="the kubernetes package is absent"
 )
@@ -171,3 +179,104 @@ def test_official_client_in_cluster_config(k8s_cluster: Cluster, k8s_namespace: 
     log = k8s_cluster.pod_log("official", ns)
     assert done["status"]["phase"] == "Succeeded", log
     assert log == "client official reader\n"
+
+
+@k8s
+@pytest.mark.skipif(importlib.util.find_spec("kopf") is None, reason="kopf is absent")
+def test_kopf_service_account_logins(k8s_cluster: Cluster, k8s_namespace: str) -> None:
+    """kopf's own service-account login (https://kubernetes.default.svc, port 443) and its
+    login through the official client (KUBERNETES_SERVICE_HOST/PORT) both reach the API."""
+    ns = k8s_namespace
+    if not forwarder_up(k8s_cluster):
+        pytest.skip("no forwarder on port 443 for https://kubernetes.default.svc (not root)")
+    k8s_cluster.apply(service_account("reader"), *pod_reader_rbac("reader"), namespace=ns)
+    script = textwrap.dedent(
+        """
+        import json, logging, os, ssl, urllib.request
+        import kopf
+        from kopf._core.intents import piggybacking
+        settings, logger = kopf.OperatorSettings(), logging.getLogger()
+        namespace = os.environ["NAMESPACE"]
+        logins = [piggybacking.login_with_service_account(settings=settings)]
+        if piggybacking.has_client():
+            logins.append(piggybacking.login_via_client(settings=settings, logger=logger))
+        for info in logins:
+            context = ssl.create_default_context(cafile=info.ca_path)
+            url = f"{info.server}/api/v1/namespaces/{namespace}/pods/"
+            request = urllib.request.Request(
+                url + os.environ["HOSTNAME"], headers={"Authorization": "Bearer " + info.token}
+            )
+            with urllib.request.urlopen(request, context=context, timeout=20) as response:
+                print(info.server.startswith("https://"), json.load(response)["metadata"]["name"])
+        """
+    )
+    namespace_env = {"name": "NAMESPACE", "value": ns}
+    pod = pod_manifest(
+        "kopfish", script, serviceAccountName="reader", container={"env": [namespace_env]}
+    )
+    done = run_to_completion(k8s_cluster, ns, pod)
+    log = k8s_cluster.pod_log("kopfish", ns)
+    assert done["status"]["phase"] == "Succeeded", log
+    assert log.splitlines()[0] == "True kopfish", log
+    assert set(log.splitlines()) == {"True kopfish"}, log
+
+
+class FakeTokenApi:
+    """create() answers TokenRequests with token-1, token-2, ... or raises ApiError."""
+
+    def __init__(self, lifetime_s: int) -> None:
+        self.lifetime_s = lifetime_s
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.failing = False
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.failing:
+            raise ApiError(503, "unavailable", "POST", path)
+        self.requests.append((path, body))
+        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(
+            seconds=self.lifetime_s
+        )
+        return {
+            "status": {
+                "token": f"token-{len(self.requests)}",
+                "expirationTimestamp": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        }
+
+
+def test_token_volume_renews_its_token_at_80_percent(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("CA")
+    api = FakeTokenApi(lifetime_s=3600)
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-1"},
+        "spec": {"serviceAccountName": "robot"},
+    }
+    volume = TokenVolume(api, pod, tmp_path / "sa", ca)  # type: ignore[arg-type]
+    assert volume.ensure()
+    folder = volume.folder
+    assert (folder / "token").read_text() == "token-1"
+    assert (folder / "ca.crt").read_text() == "CA"
+    assert (folder / "namespace").read_text() == "ns"
+    path, body = api.requests[0]
+    assert path == "/api/v1/namespaces/ns/serviceaccounts/robot/token"
+    assert body["spec"]["boundObjectRef"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "p",
+        "uid": "u-1",
+    }
+    assert volume.refresh_at is not None
+    assert 0.75 * 3600 < volume.refresh_at - time.monotonic() <= 0.8 * 3600
+    assert volume.ensure() and len(api.requests) == 1  # not due yet
+    volume.refresh_at = time.monotonic() - 1  # as if 80% of the lifetime had passed
+    api.failing = True
+    assert volume.ensure()  # still the old, valid token; retried later
+    assert (folder / "token").read_text() == "token-1"
+    api.failing = False
+    volume.retry_at = 0.0
+    assert volume.ensure()
+    assert (folder / "token").read_text() == "token-2"
+    assert sorted(p.name for p in folder.iterdir()) == ["ca.crt", "namespace", "token"]
+    volume.remove()
+    assert not folder.exists()
