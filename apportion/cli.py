@@ -223,6 +223,41 @@ def _without_option(args: list[str], option: str) -> list[str]:
 
 
 @main.command()
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Watch ResourceClusters in this namespace (repeatable).",
+)
+@click.option("--all-namespaces", is_flag=True, help="Watch every namespace.")
+@click.option(
+    "--liveness", default=None, help="Serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz."
+)
+@click.option("--log-level", default="INFO", show_default=True)
+def operator(
+    namespaces: tuple[str, ...], all_namespaces: bool, liveness: str | None, log_level: str
+) -> None:
+    """Run the ResourceCluster operator (needs the 'kubernetes' extra)."""
+    if bool(namespaces) == all_namespaces:
+        raise click.UsageError("give --all-namespaces or at least one --namespace")
+    try:
+        import kopf
+
+        import apportion.operator.handlers  # noqa: F401  (registers the handlers)
+    except ImportError as exc:
+        raise click.UsageError(
+            f"the operator needs kopf and kubernetes: pip install 'apportion[kubernetes]' ({exc})"
+        ) from None
+    setup_logging(log_level)
+    kopf.run(
+        standalone=True,
+        clusterwide=all_namespaces,
+        namespaces=list(namespaces),
+        liveness_endpoint=liveness,
+    )
+
+
+@main.command()
 @click.option("--items", default=400, show_default=True, help="Files to load and process.")
 def demo(items: int) -> None:
     """The GPU pipeline example on a local cluster: where tasks ran, peak resource use."""

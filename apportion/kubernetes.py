@@ -1,0 +1,198 @@
+"""KubeCluster: a ResourceCluster on Kubernetes, from Python.
+
+>>> cluster = KubeCluster("pipeline", worker_groups=[
+...     {"name": "gpu", "replicas": 2, "resources": {"GPU": 2}},
+...     {"name": "highmem", "replicas": 1, "resources": {"MEMORY": 100e9}}])
+>>> client = Client(cluster)
+>>> cluster.scale(3, group="gpu")
+>>> cluster.close()   # deletes the ResourceCluster and everything it owns
+
+Needs the operator running in the cluster (``helm install apportion charts/apportion``)
+and the ``kubernetes`` extra (``pip install 'apportion[kubernetes]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from base64 import b64decode
+from collections.abc import Callable
+from typing import Any
+
+from apportion.protocol.comm import parse_address
+
+GROUP, VERSION, PLURAL = "apportion.dev", "v1alpha1", "resourceclusters"
+
+
+def _apis(kubeconfig: str | None) -> tuple[Any, Any]:
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise ImportError("KubeCluster needs: pip install 'apportion[kubernetes]'") from None
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+    return client.CustomObjectsApi(), client.CoreV1Api()
+
+
+class KubeCluster:
+    """Create (or attach to) a ResourceCluster and wait until its workers are connected."""
+
+    def __init__(
+        self,
+        name: str,
+        namespace: str = "default",
+        worker_groups: list[dict[str, Any]] | None = None,
+        image: str | None = None,
+        resource_map: dict[str, str] | None = None,
+        scheduler: dict[str, Any] | None = None,
+        timeout: float = 300.0,
+        kubeconfig: str | None = None,
+        create: bool = True,
+    ) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.timeout = timeout
+        self._custom, self._core = _apis(kubeconfig)
+        if create:
+            spec: dict[str, Any] = {"workerGroups": [dict(g) for g in worker_groups or []]}
+            if image:
+                spec["image"] = image
+            if resource_map:
+                spec["resourceMap"] = resource_map
+            if scheduler:
+                spec["scheduler"] = scheduler
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceCluster",
+                    "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+            self._custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        self._wait(self._all_connected, "all workers connected")
+        self.token = self._read_token()
+        self.scheduler_address = self._reachable_address()
+
+    @classmethod
+    def from_name(cls, name: str, namespace: str = "default", **kwargs: Any) -> KubeCluster:
+        """Attach to an existing ResourceCluster (created by kubectl, helm or another process)."""
+        return cls(name, namespace, create=False, **kwargs)
+
+    # ----------------------------------------------------------------- state
+    def resource(self) -> dict[str, Any]:
+        return self._custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
+                                                         self.name)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.resource().get("status") or {})
+
+    def _all_connected(self) -> bool:
+        found = self.resource()
+        status = found.get("status") or {}
+        if status.get("phase") == "Invalid":
+            reason = next((c["message"] for c in status.get("conditions", [])
+                           if c.get("type") == "Valid"), "invalid spec")
+            raise ValueError(f"ResourceCluster {self.name} is invalid: {reason}")
+        if status.get("observedGeneration") != found["metadata"].get("generation"):
+            return False
+        groups = status.get("workerGroups") or []
+        return status.get("phase") == "Running" and all(
+            g["connectedWorkers"] == g["replicas"] == g["currentReplicas"] for g in groups)
+
+    def _wait(self, condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        delay = 0.2
+        while not condition():
+            if time.monotonic() > deadline:
+                status = self.status
+                raise TimeoutError(
+                    f"ResourceCluster {self.namespace}/{self.name}: no '{what}' after "
+                    f"{self.timeout:g}s (phase {status.get('phase')}, workers "
+                    f"{status.get('workers')}, conditions {status.get('conditions')})"
+                )
+            time.sleep(delay)  # polling the API server, backing off
+            delay = min(delay * 1.5, 2.0)
+
+    def _read_token(self) -> str | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            secret = self._core.read_namespaced_secret(f"{self.name}-token", self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None  # auth disabled for this cluster
+            raise
+        return b64decode(secret.data["token"]).decode()
+
+    def _reachable_address(self) -> str:
+        """The Service name inside the cluster; from outside, the scheduler pod's IP."""
+        service_address = str(self.status["schedulerAddress"])
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return service_address
+        _, port = parse_address(service_address)
+        selector = (f"app.kubernetes.io/instance={self.name},"
+                    "app.kubernetes.io/component=scheduler")
+        pods = self._core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        for pod in pods:
+            ip = pod.status.pod_ip
+            if ip and _can_connect(ip, port):
+                return f"tcp://{ip}:{port}"
+        raise ConnectionError(
+            f"the scheduler of {self.name} is not reachable from here (pod IPs do not route "
+            f"to this machine): run the client inside the cluster, or forward the port with "
+            f"'kubectl -n {self.namespace} port-forward svc/{self.name}-scheduler {port}' and "
+            f"connect Client('tcp://127.0.0.1:{port}', token=...)"
+        )
+
+    # ----------------------------------------------------------------- scaling
+    def scale(self, n: int, group: str | None = None) -> None:
+        """Set a worker group's replicas and wait until exactly that many are connected."""
+        if n < 0:
+            raise ValueError(f"replicas must be >= 0, got {n}")
+        found = self.resource()
+        groups = found["spec"].get("workerGroups") or []
+        names = [g["name"] for g in groups]
+        if group is None:
+            if len(names) != 1:
+                raise ValueError(f"this cluster has groups {names}: say which with group=")
+            group = names[0]
+        if group not in names:
+            raise ValueError(f"no worker group {group!r}; groups are {names}")
+        groups[names.index(group)]["replicas"] = n
+        # A merge patch replaces the whole list; resourceVersion makes a concurrent edit fail.
+        self._custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name,
+            {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]},
+             "spec": {"workerGroups": groups}})
+        self._wait(self._all_connected, f"{n} workers in group {group}")
+
+    # --------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Delete the ResourceCluster; Kubernetes removes everything it owns."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
+                                                         self.name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def __enter__(self) -> KubeCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<KubeCluster {self.namespace}/{self.name} at {self.scheduler_address}>"
+
+
+def _can_connect(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,161 @@
+"""kopf handlers: level-based reconciliation of ResourceClusters.
+
+Every reconcile reads the spec, builds the children with pure functions, applies them
+(server-side apply: idempotent, safe after an operator restart), observes the pods and
+the scheduler, and writes the status. It runs on create, update and resume, and on a
+short timer so status and scaling follow what happens in the cluster.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from apportion.operator import kube
+from apportion.operator.manifests import (
+    GROUP,
+    LABEL_CLUSTER,
+    PLURAL,
+    TOKEN_KEY,
+    VERSION,
+    scheduler_deployment,
+    scheduler_service,
+    secret_name,
+    selector,
+    token_secret,
+    worker_pod,
+)
+from apportion.operator.plan import plan
+from apportion.operator.spec import DEFAULT_IMAGE, ClusterSpec, InvalidSpec, parse
+from apportion.operator.status import compute_status, invalid_status, pod_ready
+
+from apportion.auth import generate_token
+
+RECONCILE_INTERVAL = float(os.environ.get("APPORTION_OPERATOR_INTERVAL", "2"))
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Our own events are explicit (kopf.info/warn); handler log lines stay in the log.
+    settings.posting.level = logging.WARNING
+    settings.persistence.finalizer = "apportion.dev/operator"
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def on_change(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    reconcile(body, patch)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL)
+def on_timer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    reconcile(body, patch)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
+    meta, previous = body["metadata"], dict(body.get("status") or {})
+    name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
+    default_image = os.environ.get("APPORTION_OPERATOR_IMAGE", DEFAULT_IMAGE)
+    try:
+        spec = parse(name, namespace, body.get("spec") or {}, default_image)
+    except InvalidSpec as problem:
+        if previous.get("phase") != "Invalid" or previous.get("observedGeneration") != generation:
+            kopf.warn(body, reason="InvalidSpec", message=str(problem))
+        _write_status(patch, previous, invalid_status(str(problem), previous, generation, _now()))
+        return
+    token = _ensure_token(spec, body)
+    kube.apply(scheduler_deployment(spec, body))
+    kube.apply(scheduler_service(spec, body))
+    scheduler_ip = _scheduler_ip(spec)
+    info = kube.scheduler_info(scheduler_ip, spec.http_port) if scheduler_ip else None
+    pods = kube.list_pods(namespace, {LABEL_CLUSTER: name, "app.kubernetes.io/component": "worker"})
+    connected = {w["name"] for w in (info or {}).get("workers", {}).values()}
+    _carry_out(spec, body, plan(spec, pods, connected), scheduler_ip, token)
+    status = compute_status(spec, pods, info, previous, generation, _now())
+    _announce_unmet_demand(body, previous, status)
+    _write_status(patch, previous, status)
+
+
+def _ensure_token(spec: ClusterSpec, owner: Mapping[str, Any]) -> str | None:
+    if not spec.auth:
+        return None
+    kube.create_if_absent(token_secret(spec, owner, generate_token()))
+    return kube.read_token(spec.namespace, secret_name(spec), TOKEN_KEY)
+
+
+def _scheduler_ip(spec: ClusterSpec) -> str | None:
+    for pod in kube.list_pods(spec.namespace, selector(spec, "scheduler")):
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip and pod_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
+            return str(ip)
+    return None
+
+
+def _carry_out(
+    spec: ClusterSpec,
+    owner: Mapping[str, Any],
+    todo: Any,
+    scheduler_ip: str | None,
+    token: str | None,
+) -> None:
+    for pod_name in todo.delete:
+        kube.delete_pod(spec.namespace, pod_name)
+    for group_name, index in todo.create:
+        group = spec.group(group_name)
+        assert group is not None
+        kube.create_if_absent(worker_pod(spec, group, index, owner))
+    for down in todo.scale_down:
+        if scheduler_ip is None:
+            continue  # without the scheduler we cannot tell idle workers; try next round
+        for pod_name in kube.retire(
+            scheduler_ip, spec.http_port, token, down.candidates, down.count
+        ):
+            kube.delete_pod(spec.namespace, pod_name)
+    if not todo.empty:
+        kopf.info(owner, reason="Reconciled", message=_describe(todo))
+
+
+def _describe(todo: Any) -> str:
+    parts = []
+    if todo.create:
+        parts.append(f"creating {len(todo.create)} worker pod(s)")
+    if todo.delete:
+        parts.append(f"deleting {', '.join(todo.delete)}")
+    for down in todo.scale_down:
+        parts.append(f"retiring {down.count} idle worker(s) of group {down.group}")
+    return "; ".join(parts)
+
+
+def _announce_unmet_demand(
+    owner: Mapping[str, Any], previous: Mapping[str, Any], status: Mapping[str, Any]
+) -> None:
+    seen = {_shape(d) for d in previous.get("unmetDemand") or []}
+    for demand in status.get("unmetDemand") or []:
+        if _shape(demand) not in seen:
+            kopf.warn(
+                owner,
+                reason="UnmetDemand",
+                message=f"{demand['tasks']} task(s) wait for {demand['resources']}: "
+                f"{demand.get('why') or 'no worker group has these resources'}",
+            )
+
+
+def _shape(demand: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((demand.get("resources") or {}).items()))
+
+
+def _write_status(
+    patch: kopf.Patch, previous: Mapping[str, Any], status: Mapping[str, Any]
+) -> None:
+    for key in set(previous) | set(status):
+        if previous.get(key) != status.get(key):
+            patch.status[key] = status.get(key)

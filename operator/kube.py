@@ -1,0 +1,107 @@
+"""Thin I/O layer: the Kubernetes API (server-side apply) and the scheduler's HTTP API."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import urllib.error
+import urllib.request
+from base64 import b64decode
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+logger = logging.getLogger("apportion.operator")
+
+FIELD_MANAGER = "apportion-operator"
+
+
+@functools.lru_cache(maxsize=1)
+def api_client() -> client.ApiClient:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+@functools.lru_cache(maxsize=1)
+def dynamic() -> DynamicClient:
+    return DynamicClient(api_client())
+
+
+def apply(manifest: Mapping[str, Any]) -> None:
+    """Create or update an object to match ``manifest`` (server-side apply, we own our fields)."""
+    resource = dynamic().resources.get(api_version=manifest["apiVersion"], kind=manifest["kind"])
+    resource.server_side_apply(
+        body=dict(manifest),
+        name=manifest["metadata"]["name"],
+        namespace=manifest["metadata"].get("namespace"),
+        field_manager=FIELD_MANAGER,
+        force_conflicts=True,
+    )
+
+
+def create_if_absent(manifest: Mapping[str, Any]) -> bool:
+    resource = dynamic().resources.get(api_version=manifest["apiVersion"], kind=manifest["kind"])
+    try:
+        resource.create(body=dict(manifest), namespace=manifest["metadata"].get("namespace"))
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True
+
+
+def list_pods(namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+    text = ",".join(f"{k}={v}" for k, v in selector.items())
+    pods = client.CoreV1Api(api_client()).list_namespaced_pod(namespace, label_selector=text)
+    return [api_client().sanitize_for_serialization(p) for p in pods.items]
+
+
+def delete_pod(namespace: str, name: str) -> None:
+    try:
+        client.CoreV1Api(api_client()).delete_namespaced_pod(name, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def read_token(namespace: str, secret: str, key: str) -> str | None:
+    try:
+        found = client.CoreV1Api(api_client()).read_namespaced_secret(secret, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    value = (found.data or {}).get(key)
+    return b64decode(value).decode() if value else None
+
+
+def scheduler_info(host: str, port: int) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/api/v1/info", timeout=3) as reply:
+            return json.loads(reply.read())
+    except (OSError, ValueError) as exc:
+        logger.debug("scheduler at %s:%s not answering: %s", host, port, exc)
+        return None
+
+
+def retire(host: str, port: int, token: str | None, names: list[str], count: int) -> list[str]:
+    body = json.dumps({"workers": names, "count": count}).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(
+        f"http://{host}:{port}/api/v1/retire", body, headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return list(json.loads(reply.read())["retired"])
+    except (OSError, ValueError, KeyError) as exc:
+        logger.warning("scheduler did not retire workers %s: %s", names, exc)
+        return []

@@ -1,0 +1,262 @@
+"""Every child object of a ResourceCluster, built by pure functions of its spec.
+
+Children: a Secret with the cluster's token, the scheduler Deployment and Service,
+and one Pod per worker. All carry an ownerReference to the ResourceCluster (deleting
+it deletes them) and ``app.kubernetes.io/*`` + ``apportion.dev/*`` labels. Pod
+commands are explicit ``apportion ...`` invocations, never an image's entrypoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from apportion.operator.spec import ClusterSpec, GroupSpec
+
+GROUP = "apportion.dev"
+VERSION = "v1alpha1"
+KIND = "ResourceCluster"
+PLURAL = "resourceclusters"
+LABEL_CLUSTER = "apportion.dev/cluster"
+LABEL_GROUP = "apportion.dev/group"
+HASH_ANNOTATION = "apportion.dev/spec-hash"
+TOKEN_KEY = "token"
+
+Manifest = dict[str, Any]
+
+
+def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels(spec: ClusterSpec, component: str, group: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "apportion",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "apportion-operator",
+        LABEL_CLUSTER: spec.name,
+    }
+    if group is not None:
+        out[LABEL_GROUP] = group
+    return out
+
+
+def selector(spec: ClusterSpec, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": spec.name, "app.kubernetes.io/component": component}
+
+
+def _metadata(
+    spec: ClusterSpec, name: str, owner: Mapping[str, Any], component: str, group: str | None = None
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": spec.namespace,
+        "labels": labels(spec, component, group),
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
+def secret_name(spec: ClusterSpec) -> str:
+    return f"{spec.name}-token"
+
+
+def token_secret(spec: ClusterSpec, owner: Mapping[str, Any], token: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(spec, secret_name(spec), owner, "auth"),
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _auth_env(spec: ClusterSpec) -> list[dict[str, Any]]:
+    if not spec.auth:
+        return []
+    ref = {"name": secret_name(spec), "key": TOKEN_KEY}
+    return [{"name": "APPORTION_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
+
+
+def _merge_pod(template: Mapping[str, Any], generated: Manifest, container_name: str) -> Manifest:
+    """Lay our pod over the user's template: their extras stay, our essentials win."""
+    merged = copy.deepcopy(generated)
+    meta = template.get("metadata") or {}
+    merged["metadata"].setdefault("labels", {})
+    merged["metadata"]["labels"] = {**(meta.get("labels") or {}), **merged["metadata"]["labels"]}
+    if meta.get("annotations"):
+        merged["metadata"]["annotations"] = {
+            **meta["annotations"],
+            **merged["metadata"].get("annotations", {}),
+        }
+    theirs = copy.deepcopy(dict(template.get("spec") or {}))
+    their_containers = theirs.pop("containers", []) or []
+    ours = merged["spec"]["containers"][0]
+    mine = next(
+        (c for c in their_containers if c.get("name") == container_name),
+        their_containers[0] if their_containers else {},
+    )
+    container = {**mine, **{k: v for k, v in ours.items() if k not in ("env", "resources")}}
+    container["name"] = container_name
+    container["env"] = ours.get("env", []) + [
+        e for e in mine.get("env", []) if e["name"] not in {x["name"] for x in ours["env"]}
+    ]
+    resources = copy.deepcopy(mine.get("resources") or {})
+    for kind in ("requests", "limits"):
+        wanted = (ours.get("resources") or {}).get(kind) or {}
+        if wanted:
+            resources[kind] = {**resources.get(kind, {}), **wanted}
+    if resources:
+        container["resources"] = resources
+    sidecars = [c for c in their_containers if c is not mine]
+    merged["spec"] = {**theirs, **merged["spec"], "containers": [container, *sidecars]}
+    return merged
+
+
+def scheduler_deployment(spec: ClusterSpec, owner: Mapping[str, Any]) -> Manifest:
+    args = [
+        "scheduler",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(spec.port),
+        "--http-port",
+        str(spec.http_port),
+    ]
+    if not spec.auth:
+        args.append("--no-auth")
+    container = {
+        "name": "scheduler",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["apportion"],
+        "args": args,
+        "env": [_field_env("APPORTION_CONTACT_HOST", "status.podIP"), *_auth_env(spec)],
+        "ports": [
+            {"name": "comm", "containerPort": spec.port},
+            {"name": "http-status", "containerPort": spec.http_port},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": spec.http_port},
+            "periodSeconds": 2,
+        },
+    }
+    pod = {
+        "metadata": {"labels": labels(spec, "scheduler")},
+        "spec": {"containers": [container]},
+    }
+    pod = _merge_pod(spec.scheduler_template, pod, "scheduler")
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(spec, spec.scheduler_service, owner, "scheduler"),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},  # never two schedulers for one cluster
+            "selector": {"matchLabels": selector(spec, "scheduler")},
+            "template": pod,
+        },
+    }
+
+
+def scheduler_service(spec: ClusterSpec, owner: Mapping[str, Any]) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, spec.scheduler_service, owner, "scheduler"),
+        "spec": {
+            "type": spec.service_type,
+            "selector": selector(spec, "scheduler"),
+            "ports": [
+                {"name": "comm", "port": spec.port, "targetPort": spec.port},
+                {"name": "http-status", "port": spec.http_port, "targetPort": spec.http_port},
+            ],
+        },
+    }
+
+
+def group_hash(spec: ClusterSpec, group: GroupSpec) -> str:
+    """Changes whenever a group's pods must be replaced (resources, threads, image, template)."""
+    relevant = {
+        "image": spec.image,
+        "policy": spec.image_pull_policy,
+        "auth": spec.auth,
+        "address": spec.scheduler_address,
+        "nthreads": group.nthreads,
+        "advertised": group.advertised,
+        "limits": group.limits,
+        "template": group.template,
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def worker_pod_name(spec: ClusterSpec, group: GroupSpec, index: int) -> str:
+    return f"{spec.name}-{group.name}-{index}"
+
+
+def worker_command(spec: ClusterSpec, group: GroupSpec) -> list[str]:
+    resources = ",".join(f"{k}={v!r}" for k, v in sorted(group.advertised.items()))
+    command = [
+        "apportion",
+        "worker",
+        spec.scheduler_address,
+        "--name",
+        "$(POD_NAME)",
+        "--nthreads",
+        str(group.nthreads),
+        "--host",
+        "0.0.0.0",
+        "--contact-host",
+        "$(POD_IP)",
+    ]
+    if resources:
+        command += ["--resources", resources]
+    if not spec.auth:
+        command.append("--no-auth")
+    return command
+
+
+def worker_pod(
+    spec: ClusterSpec, group: GroupSpec, index: int, owner: Mapping[str, Any]
+) -> Manifest:
+    command = worker_command(spec, group)
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": command[:1],
+        "args": command[1:],
+        "env": [
+            _field_env("POD_NAME", "metadata.name"),
+            _field_env("POD_IP", "status.podIP"),
+            *_auth_env(spec),
+        ],
+    }
+    if group.limits:
+        # Extended resources (GPUs) need requests == limits; memory gets both for a
+        # guaranteed amount.
+        container["resources"] = {"requests": dict(group.limits), "limits": dict(group.limits)}
+    generated = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            **_metadata(spec, worker_pod_name(spec, group, index), owner, "worker", group.name),
+            "annotations": {HASH_ANNOTATION: group_hash(spec, group)},
+        },
+        "spec": {"restartPolicy": "Always", "containers": [container]},
+    }
+    return _merge_pod(group.template, generated, "worker")

@@ -1,0 +1,186 @@
+"""Reading a ResourceCluster's spec: defaults, resource mapping, contradictions.
+
+Pure functions. The API server's schema already rejects malformed specs (bad names,
+negative amounts, duplicate groups); what is checked here needs more than a schema:
+a declared amount that contradicts an explicit limit in the pod template, and
+mapped Kubernetes resource names that are not valid.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from apportion.resources import format_resources
+
+DEFAULT_IMAGE = "apportion:0.1.0"
+DEFAULT_RESOURCE_MAP = {"GPU": "nvidia.com/gpu", "MEMORY": "memory"}
+# Kubernetes resource names: an optional DNS-subdomain prefix, then a name.
+_K8S_RESOURCE = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_SUFFIXES = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+}
+
+
+class InvalidSpec(ValueError):
+    """The spec cannot be turned into a cluster; the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    name: str
+    replicas: int
+    nthreads: int
+    # What workers advertise: declared resources plus unmapped limits found in the template.
+    advertised: dict[str, float]
+    # Container requests/limits the pod must carry (from the declared, mapped resources).
+    limits: dict[str, str]
+    template: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    namespace: str
+    image: str
+    image_pull_policy: str
+    auth: bool
+    port: int
+    http_port: int
+    service_type: str
+    scheduler_template: dict[str, Any]
+    resource_map: dict[str, str]
+    groups: list[GroupSpec]
+
+    @property
+    def scheduler_service(self) -> str:
+        return f"{self.name}-scheduler"
+
+    @property
+    def scheduler_address(self) -> str:
+        return f"tcp://{self.scheduler_service}.{self.namespace}.svc:{self.port}"
+
+    def group(self, name: str) -> GroupSpec | None:
+        return next((g for g in self.groups if g.name == name), None)
+
+
+def parse_quantity(text: str | int | float) -> float:
+    """A Kubernetes quantity (``"100Gi"``, ``"1.5"``, ``"500m"``, ``2``) as a number."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    raw = str(text).strip()
+    for suffix, factor in sorted(_SUFFIXES.items(), key=lambda item: -len(item[0])):
+        if raw.endswith(suffix) and raw[: -len(suffix)]:
+            number, scale = raw[: -len(suffix)], Decimal(factor)
+            break
+    else:
+        number, scale = raw, Decimal(1)
+    try:
+        return float(Decimal(number) * scale)
+    except InvalidOperation:
+        raise InvalidSpec(f"{text!r} is not a Kubernetes quantity") from None
+
+
+def format_quantity(amount: float) -> str:
+    """A number as a Kubernetes quantity string (whole numbers stay exact)."""
+    return str(int(amount)) if float(amount).is_integer() else repr(float(amount))
+
+
+def _worker_container(template: Mapping[str, Any]) -> dict[str, Any]:
+    containers = (template.get("spec") or {}).get("containers") or []
+    named = [c for c in containers if c.get("name") == "worker"]
+    return (named or containers or [{}])[0]
+
+
+def _group(raw: Mapping[str, Any], resource_map: Mapping[str, str]) -> GroupSpec:
+    name = raw["name"]
+    declared = {k: float(v) for k, v in (raw.get("resources") or {}).items()}
+    template = dict(raw.get("template") or {})
+    explicit = (_worker_container(template).get("resources") or {}).get("limits") or {}
+    reverse = {k8s: abstract for abstract, k8s in resource_map.items()}
+    problems, limits, advertised = [], {}, dict(declared)
+    for abstract, amount in declared.items():
+        k8s_name = resource_map.get(abstract)
+        if k8s_name is None:
+            continue  # unmapped (process, license): only advertised
+        if k8s_name in explicit:
+            found = parse_quantity(explicit[k8s_name])
+            if abs(found - amount) > 1e-9 * max(1.0, amount):
+                problems.append(
+                    f"group {name!r} declares {abstract}={format_resources({abstract: amount})}"
+                    f" but its template sets limit {k8s_name}={explicit[k8s_name]}: make them "
+                    "agree, or drop one of them"
+                )
+        if k8s_name == "nvidia.com/gpu" or "/" in k8s_name:
+            if not float(amount).is_integer():
+                problems.append(
+                    f"group {name!r}: {abstract}={amount} maps to {k8s_name}, "
+                    "which Kubernetes only allocates in whole units"
+                )
+        limits[k8s_name] = format_quantity(amount)
+    for k8s_name, quantity in explicit.items():
+        abstract = reverse.get(k8s_name)
+        if abstract is not None and abstract not in declared:
+            advertised[abstract] = parse_quantity(quantity)  # a limit nobody declared
+    if problems:
+        raise InvalidSpec("; ".join(problems))
+    return GroupSpec(
+        name, int(raw.get("replicas", 1)), int(raw.get("nthreads", 1)), advertised, limits, template
+    )
+
+
+def parse(
+    name: str, namespace: str, spec: Mapping[str, Any], default_image: str = DEFAULT_IMAGE
+) -> ClusterSpec:
+    """Turn a ResourceCluster spec into a ClusterSpec, or raise InvalidSpec saying why."""
+    resource_map = dict(DEFAULT_RESOURCE_MAP)
+    resource_map.update(spec.get("resourceMap") or {})
+    bad = [f"{k}: {v}" for k, v in resource_map.items() if not _K8S_RESOURCE.match(str(v))]
+    if bad:
+        raise InvalidSpec(f"resourceMap has invalid Kubernetes resource names: {bad}")
+    groups_raw = spec.get("workerGroups") or []
+    names = [g.get("name") for g in groups_raw]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InvalidSpec(f"worker group names must be unique; repeated: {duplicates}")
+    problems, groups = [], []
+    for raw in groups_raw:
+        try:
+            groups.append(_group(raw, resource_map))
+        except InvalidSpec as exc:
+            problems.append(str(exc))
+    if problems:
+        raise InvalidSpec("; ".join(problems))
+    scheduler = spec.get("scheduler") or {}
+    return ClusterSpec(
+        name=name,
+        namespace=namespace,
+        image=spec.get("image") or default_image,
+        image_pull_policy=spec.get("imagePullPolicy") or "IfNotPresent",
+        auth=bool((spec.get("auth") or {}).get("enabled", True)),
+        port=int(scheduler.get("port", 8786)),
+        http_port=int(scheduler.get("httpPort", 8787)),
+        service_type=scheduler.get("serviceType", "ClusterIP"),
+        scheduler_template=dict(scheduler.get("template") or {}),
+        resource_map=resource_map,
+        groups=groups,
+    )

@@ -1,0 +1,141 @@
+"""A ResourceCluster's status, computed purely from what was observed.
+
+Inputs: the parsed spec (or the reason it is invalid), the worker pods that exist, the
+scheduler's ``/api/v1/info`` answer (None when unreachable) and the previous status
+(for phase history and condition transition times).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from apportion.operator.manifests import LABEL_GROUP
+from apportion.operator.spec import ClusterSpec
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def unschedulable(pod: Mapping[str, Any]) -> str | None:
+    """Why Kubernetes cannot place a pod (e.g. '0/3 nodes ... Insufficient nvidia.com/gpu')."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return str(condition.get("message") or "unschedulable")
+    return None
+
+
+def _condition(
+    previous: Mapping[str, Any], kind: str, ok: bool, reason: str, message: str, now: str
+) -> dict[str, Any]:
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == kind), {})
+    status = "True" if ok else "False"
+    since = old.get("lastTransitionTime") if old.get("status") == status else None
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since or now,
+    }
+
+
+def _sum(amounts: list[Mapping[str, float]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for amount in amounts:
+        for name, value in amount.items():
+            total[name] = total.get(name, 0) + value
+    return total
+
+
+def invalid_status(
+    problem: str, previous: Mapping[str, Any], generation: int | None, now: str
+) -> dict[str, Any]:
+    return {
+        "phase": "Invalid",
+        "observedGeneration": generation,
+        "conditions": [
+            _condition(previous, "Valid", False, "InvalidSpec", problem, now),
+            _condition(previous, "Ready", False, "InvalidSpec", "fix the spec", now),
+        ],
+    }
+
+
+def compute_status(
+    spec: ClusterSpec,
+    pods: list[Mapping[str, Any]],
+    info: Mapping[str, Any] | None,
+    previous: Mapping[str, Any],
+    generation: int | None,
+    now: str,
+) -> dict[str, Any]:
+    workers = list((info or {}).get("workers", {}).values())
+    by_name = {w["name"]: w for w in workers}
+    groups, desired, connected_total = [], 0, 0
+    for group in spec.groups:
+        mine = [
+            p
+            for p in pods
+            if (p["metadata"].get("labels") or {}).get(LABEL_GROUP) == group.name
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+        connected = [
+            by_name[p["metadata"]["name"]] for p in mine if p["metadata"]["name"] in by_name
+        ]
+        groups.append(
+            {
+                "name": group.name,
+                "replicas": group.replicas,
+                "currentReplicas": len(mine),
+                "readyReplicas": sum(pod_ready(p) for p in mine),
+                "connectedWorkers": len(connected),
+                "resources": group.advertised,
+                "usedResources": _sum([w.get("used_resources", {}) for w in connected]),
+            }
+        )
+        stuck = sorted({why for why in map(unschedulable, mine) if why})
+        if stuck:
+            groups[-1]["unschedulable"] = stuck
+        desired += group.replicas
+        connected_total += min(len(connected), group.replicas)
+    reachable = info is not None
+    complete = reachable and connected_total == desired
+    was_running = previous.get("phase") in ("Running", "Degraded")
+    if complete:
+        phase = "Running"
+    elif was_running:
+        phase = "Degraded"
+    else:
+        phase = "Pending"
+    if not reachable:
+        reason, message = "SchedulerUnreachable", "the scheduler is not answering yet"
+    elif complete:
+        reason, message = "AllWorkersConnected", f"{connected_total} workers connected"
+    else:
+        reason = "WorkersMissing"
+        message = f"{connected_total} of {desired} workers connected"
+        stuck = [
+            f"group {g['name']}: {'; '.join(g['unschedulable'])}"
+            for g in groups
+            if g.get("unschedulable")
+        ]
+        if stuck:
+            reason = "Unschedulable"
+            message += "; pods cannot be placed: " + " | ".join(stuck)
+    return {
+        "phase": phase,
+        "observedGeneration": generation,
+        "schedulerAddress": spec.scheduler_address,
+        "workers": f"{connected_total}/{desired}",
+        "workerGroups": groups,
+        "unmetDemand": [
+            {"resources": d["resources"], "tasks": d["tasks"], "why": d.get("why")}
+            for d in (info or {}).get("no_worker", [])
+        ],
+        "conditions": [
+            _condition(previous, "Valid", True, "SpecAccepted", "the spec is valid", now),
+            _condition(previous, "Ready", complete, reason, message, now),
+        ],
+    }
