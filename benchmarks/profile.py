@@ -23,16 +23,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("APPORTION_LOG_LEVEL", "WARNING")
-# Worker processes import benchmarks.workloads by reference.
-_ROOT = str(Path(__file__).resolve().parent.parent)
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
 
-from benchmarks.systems import apportion_  # noqa: E402
-from benchmarks.workloads import Session, Sizes, latency, tiny, warm_up  # noqa: E402
+from benchmarks.pathing import child_pythonpath
+
+# Worker processes import benchmarks.workloads by reference.
+os.environ["PYTHONPATH"] = child_pythonpath(os.environ.get("PYTHONPATH"))
+
+from benchmarks.systems import apportion_
+from benchmarks.workloads import Session, Sizes, latency, tiny, warm_up
 
 TOP = 12
 PROFILE_SIZES = Sizes(tiny=20_000, latency=2_000)  # long enough for sampling
-ROOT = _ROOT
+ROOT = str(Path(__file__).resolve().parent.parent)
 # Leaf frames that are waiting, not working (py-spy's idle detection misses some of them).
 WAITING = (
     "EpollSelector.select (",

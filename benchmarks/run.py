@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import report
+from benchmarks.pathing import child_pythonpath, import_dir
 from benchmarks.systems import SYSTEMS, available
 from benchmarks.workloads import CLUSTER_WORKLOADS, Sizes
 
@@ -34,7 +35,7 @@ CHILD_TIMEOUT = 600.0
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     # Workers of every system import benchmarks.workloads by reference.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = child_pythonpath(env.get("PYTHONPATH"))
     env.setdefault("APPORTION_LOG_LEVEL", "WARNING")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env.setdefault("PYTHONWARNINGS", "ignore")
@@ -89,7 +90,7 @@ def _child(
     with open(log, "a") as err:
         proc = subprocess.Popen(
             cmd,
-            cwd=ROOT,
+            cwd=import_dir(),
             env=_env(),
             stdout=subprocess.PIPE,
             stderr=err,
@@ -195,9 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         "logs": str(logs),
     }
     results["runs"] = runs
+    failed = [f"{r['system']} {r['mode']} rep {r['rep']}" for r in runs if r["rc"] != 0]
+    if failed:
+        # Keep the last good results; write this run beside them.
+        out = out / "incomplete"
+        out.mkdir(exist_ok=True)
+        print(f"FAILED: {', '.join(failed)}; logs in {logs}; results in {out}", file=sys.stderr)
     report.write(results, out)
     report.print_table(results)
-    return 0 if all(r["rc"] == 0 for r in runs) else 1
+    return 1 if failed else 0
 
 
 def _engine_revision() -> str:
