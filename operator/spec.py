@@ -126,7 +126,7 @@ def _group(raw: Mapping[str, Any], resource_map: Mapping[str, str]) -> GroupSpec
             found = parse_quantity(explicit[k8s_name])
             if abs(found - amount) > 1e-9 * max(1.0, amount):
                 problems.append(
-                    f"group {name!r} declares {abstract}={format_resources({abstract: amount})}"
+                    f"group {name!r} declares {format_resources({abstract: amount})}"
                     f" but its template sets limit {k8s_name}={explicit[k8s_name]}: make them "
                     "agree, or drop one of them"
                 )

@@ -1,0 +1,322 @@
+"""The seed's GPU pipeline on Kubernetes, end to end, on the real control plane.
+
+helm installs the chart; the operator runs as a pod of it (with its ServiceAccount and
+RBAC); `kubectl apply` of the example ResourceCluster makes the real kube-scheduler bind
+GPU workers to the fake GPU nodes; a Client runs the pipeline against the in-cluster
+scheduler; scaling, an invalid spec and deletion are exercised through kubectl and
+KubeCluster.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+import pytest
+import yaml
+
+from apportion import Client, get_worker
+from apportion.kubernetes import KubeCluster
+
+from .controlplane import REPO_ROOT, Cluster
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
+
+# Worker pods do not import the test tree: ship this module's functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+CRD_FILE = REPO_ROOT / "crds" / "resourceclusters.apportion.dev.yaml"
+CHART = REPO_ROOT / "charts" / "apportion"
+EXAMPLE = REPO_ROOT / "examples" / "seed-cluster.yaml"
+GPU_NODES = {"gpu-node-1", "gpu-node-2"}
+
+Obj = dict[str, Any]
+
+
+def load(i: int) -> list[float]:
+    return [float(i + k) for k in range(10)]
+
+
+def process(data: list[float]) -> tuple[float, str]:
+    return sum(x * x for x in data), get_worker().name
+
+
+def aggregate(parts: list[tuple[float, str]]) -> tuple[float, list[str], str]:
+    return sum(v for v, _ in parts), [w for _, w in parts], get_worker().name
+
+
+def hold(seconds: float) -> str:
+    time.sleep(seconds)  # the workload: occupy a GPU for a while
+    return get_worker().name
+
+
+class Deployment:
+    """A helm-installed operator watching one namespace, and helpers on that namespace."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.k8s = cluster
+        self.namespace = namespace
+
+    def kubectl(self, *args: str, **kwargs: Any) -> Any:
+        return self.k8s.kubectl(*args, "-n", self.namespace, **kwargs)
+
+    def rc(self, name: str) -> Obj | None:
+        found = self.kubectl("get", "resourceclusters", name, "-o", "json", check=False)
+        return json.loads(found.stdout) if found.returncode == 0 else None
+
+    def status(self, name: str) -> Obj:
+        return (self.rc(name) or {}).get("status") or {}
+
+    def group(self, name: str, group: str) -> Obj:
+        return next(
+            (g for g in self.status(name).get("workerGroups", []) if g["name"] == group), {}
+        )
+
+    def pods(self, selector: str) -> list[Obj]:
+        out = self.kubectl("get", "pods", "-l", selector, "-o", "json")
+        return [
+            p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def events(self, reason: str) -> list[str]:
+        out = self.kubectl("get", "events", "--field-selector", f"reason={reason}", "-o", "json")
+        return [e.get("message", "") for e in json.loads(out.stdout)["items"]]
+
+    def wait(self, condition: Any, what: str, timeout: float = 120) -> Any:
+        return self.k8s.wait_for(condition, what, timeout=timeout)
+
+    def wait_running(self, name: str, groups: dict[str, int]) -> Obj:
+        def ready() -> Obj | None:
+            status = self.status(name)
+            found = {g["name"]: g for g in status.get("workerGroups", [])}
+            ok = status.get("phase") == "Running" and all(
+                found.get(g, {}).get("connectedWorkers") == n
+                and found.get(g, {}).get("currentReplicas") == n
+                for g, n in groups.items()
+            )
+            return status if ok else None
+
+        return self.wait(ready, f"{name} Running with {groups}", timeout=180)
+
+
+@pytest.fixture(scope="module")
+def deployed(k8s_cluster: Cluster) -> Iterator[Deployment]:
+    suffix = uuid.uuid4().hex[:5]
+    system, target, release = f"apportion-system-{suffix}", f"pipelines-{suffix}", f"op-{suffix}"
+    for namespace in (system, target):
+        k8s_cluster.kubectl("create", "namespace", namespace)
+        k8s_cluster.wait_for(
+            lambda ns=namespace: k8s_cluster.client.get_or_none(
+                f"/api/v1/namespaces/{ns}/serviceaccounts/default"
+            ),
+            f"{namespace} ready",
+            60,
+        )
+    k8s_cluster.kubectl("apply", "-f", str(CRD_FILE))
+    k8s_cluster.helm(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        system,
+        "--set",
+        f"watch.namespaces={{{target}}}",
+        "--wait",
+        "--timeout",
+        "3m",
+    )
+    try:
+        yield Deployment(k8s_cluster, target)
+    finally:
+        k8s_cluster.kubectl(
+            "delete",
+            "resourceclusters",
+            "--all",
+            "-n",
+            target,
+            "--wait=true",
+            check=False,
+            timeout=120,
+        )
+        k8s_cluster.helm("uninstall", release, "-n", system, check=False)
+        for namespace in (target, system):
+            k8s_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def pipeline(deployed: Deployment) -> Deployment:
+    deployed.kubectl("apply", "-f", str(EXAMPLE))
+    deployed.wait_running("pipeline", {"gpu": 2, "highmem": 1})
+    return deployed
+
+
+def test_operator_runs_as_a_pod_of_the_chart(deployed: Deployment) -> None:
+    pods = json.loads(deployed.k8s.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+    operators = [
+        p
+        for p in pods
+        if p["spec"]["containers"][0].get("command") == ["apportion", "operator"]
+        and deployed.namespace in p["spec"]["containers"][0].get("args", [])
+    ]
+    assert len(operators) == 1
+    assert operators[0]["status"]["phase"] == "Running"
+    assert operators[0]["spec"]["serviceAccountName"].startswith("op-")
+
+
+def test_example_cluster_reaches_running_with_gpu_workers_on_gpu_nodes(
+    pipeline: Deployment,
+) -> None:
+    status = pipeline.status("pipeline")
+    assert status["workers"] == "3/3"
+    assert status["schedulerAddress"] == (f"tcp://pipeline-scheduler.{pipeline.namespace}.svc:8786")
+    gpu = pipeline.pods("apportion.dev/group=gpu")
+    assert {p["spec"]["nodeName"] for p in gpu} <= GPU_NODES
+    assert all(
+        p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2" for p in gpu
+    )
+    (highmem,) = pipeline.pods("apportion.dev/group=highmem")
+    assert highmem["spec"]["nodeName"] == "highmem-node"
+    for group in status["workerGroups"]:
+        assert group["readyReplicas"] == group["replicas"]
+    printed = pipeline.kubectl("get", "rcluster", "pipeline").stdout
+    assert "Running" in printed and "3/3" in printed
+
+
+@pytest.mark.filterwarnings("ignore::apportion.NoWorkerWarning")  # the GPU=8 task, on purpose
+def test_client_runs_the_seed_pipeline_on_the_right_pods(pipeline: Deployment) -> None:
+    cluster = KubeCluster.from_name(
+        "pipeline", pipeline.namespace, kubeconfig=str(pipeline.k8s.kubeconfig), timeout=120
+    )
+    with Client(cluster) as client:
+        data = [client.submit(load, i) for i in range(60)]
+        processed = [
+            client.submit(process, d, resources={"GPU": 2 if i % 10 == 0 else 1})
+            for i, d in enumerate(data)
+        ]
+        final = client.submit(aggregate, processed, resources={"MEMORY": 70e9})
+        total, gpu_workers, aggregated_on = final.result(timeout=120)
+        assert total == sum(sum(float(i + k) ** 2 for k in range(10)) for i in range(60))
+        assert {w.rsplit("-", 1)[0] for w in gpu_workers} == {"pipeline-gpu"}
+        assert aggregated_on == "pipeline-highmem-0"
+
+        # While GPU tasks run, the status shows the GPUs in use.
+        busy = client.map(hold, [4.0] * 4, resources={"GPU": 1}, pure=False)
+        pipeline.wait(
+            lambda: pipeline.group("pipeline", "gpu").get("usedResources", {}).get("GPU", 0) >= 2,
+            "GPUs in use shown in status",
+        )
+        client.gather(busy)
+
+        # A demand no group can meet shows in status and as an Event, once.
+        impossible = client.submit(hold, 0, resources={"GPU": 8}, pure=False)
+        unmet = pipeline.wait(
+            lambda: pipeline.status("pipeline").get("unmetDemand"), "unmetDemand in status"
+        )
+        assert unmet[0]["resources"] == {"GPU": 8} and unmet[0]["tasks"] == 1
+        pipeline.wait(
+            lambda: any("GPU" in m for m in pipeline.events("UnmetDemand")), "UnmetDemand event"
+        )
+        impossible.cancel()
+        pipeline.wait(
+            lambda: pipeline.status("pipeline").get("unmetDemand") == [], "unmetDemand cleared"
+        )
+
+
+def test_scaling_with_kubectl_patch_and_kubecluster_touches_only_that_group(
+    pipeline: Deployment,
+) -> None:
+    highmem_uid = pipeline.pods("apportion.dev/group=highmem")[0]["metadata"]["uid"]
+    pipeline.kubectl(
+        "patch",
+        "resourcecluster",
+        "pipeline",
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "replace", "path": "/spec/workerGroups/0/replicas", "value": 1}]),
+    )
+    pipeline.wait_running("pipeline", {"gpu": 1, "highmem": 1})
+    pipeline.wait(lambda: len(pipeline.pods("apportion.dev/group=gpu")) == 1, "one GPU pod")
+    cluster = KubeCluster.from_name(
+        "pipeline", pipeline.namespace, kubeconfig=str(pipeline.k8s.kubeconfig), timeout=120
+    )
+    cluster.scale(2, group="gpu")
+    assert pipeline.group("pipeline", "gpu")["connectedWorkers"] == 2
+    assert pipeline.pods("apportion.dev/group=highmem")[0]["metadata"]["uid"] == highmem_uid
+
+
+def test_an_impossible_scale_up_says_why_pods_cannot_be_placed(pipeline: Deployment) -> None:
+    cluster = KubeCluster.from_name(
+        "pipeline", pipeline.namespace, kubeconfig=str(pipeline.k8s.kubeconfig), timeout=120
+    )
+    cluster.timeout = 20
+    with pytest.raises(TimeoutError, match=r"Insufficient nvidia\.com/gpu"):
+        cluster.scale(3, group="gpu")  # only four GPUs exist: a third GPU=2 pod cannot fit
+    cluster.timeout = 120
+    cluster.scale(2, group="gpu")
+
+
+def test_a_contradictory_cluster_becomes_invalid_and_creates_nothing(deployed: Deployment) -> None:
+    contradictory = {
+        "apiVersion": "apportion.dev/v1alpha1",
+        "kind": "ResourceCluster",
+        "metadata": {"name": "liar"},
+        "spec": {
+            "workerGroups": [
+                {
+                    "name": "gpu",
+                    "replicas": 1,
+                    "resources": {"GPU": 2},
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {"name": "worker", "resources": {"limits": {"nvidia.com/gpu": 1}}}
+                            ]
+                        }
+                    },
+                }
+            ]
+        },
+    }
+    deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(contradictory))
+    status = deployed.wait(
+        lambda: deployed.status("liar").get("phase") == "Invalid" and deployed.status("liar"),
+        "liar Invalid",
+    )
+    valid = next(c for c in status["conditions"] if c["type"] == "Valid")
+    assert "declares GPU=2" in valid["message"] and "nvidia.com/gpu=1" in valid["message"]
+    deployed.wait(
+        lambda: any("declares GPU=2" in m for m in deployed.events("InvalidSpec")),
+        "InvalidSpec event",
+    )
+    assert deployed.pods("app.kubernetes.io/instance=liar") == []
+    deployed.kubectl("delete", "resourcecluster", "liar")
+
+
+def test_kubecluster_creates_and_deleting_removes_every_child(deployed: Deployment) -> None:
+    cluster = KubeCluster(
+        "adhoc",
+        deployed.namespace,
+        kubeconfig=str(deployed.k8s.kubeconfig),
+        timeout=180,
+        worker_groups=[{"name": "cpu", "replicas": 1, "resources": {"process": 1}}],
+        # Test pods share one network namespace: each cluster needs its own ports here.
+        scheduler={"port": 9786, "httpPort": 9787},
+    )
+    with Client(cluster) as client:
+        assert client.submit(hold, 0, resources={"process": 1}).result(timeout=60) == (
+            "adhoc-cpu-0"
+        )
+    cluster.close()
+    selector = "app.kubernetes.io/instance=adhoc"
+
+    def gone() -> bool:
+        kinds = "pods,services,deployments,secrets"
+        out = deployed.kubectl("get", kinds, "-l", selector, "-o", "json")
+        return deployed.rc("adhoc") is None and json.loads(out.stdout)["items"] == []
+
+    deployed.wait(gone, "every child of adhoc deleted", timeout=180)
