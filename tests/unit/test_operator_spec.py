@@ -386,12 +386,6 @@ def test_a_declared_amount_contradicting_the_template_limit_is_rejected_clearly(
     assert "make them agree, or drop one of them" in message  # what to do
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: spec._group's contradiction message repeats the resource name: "
-    "f'{abstract}={format_resources({abstract: amount})}' yields 'declares GPU=GPU=2' "
-    "(format_resources already returns 'GPU=2')",
-)
 def test_the_contradiction_message_names_the_declared_amount_once() -> None:
     with pytest.raises(InvalidSpec) as caught:
         parse(
