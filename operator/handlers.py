@@ -79,8 +79,10 @@ def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     info = kube.scheduler_info(scheduler_ip, spec.http_port) if scheduler_ip else None
     pods = kube.list_pods(namespace, {LABEL_CLUSTER: name, "app.kubernetes.io/component": "worker"})
     connected = {w["name"] for w in (info or {}).get("workers", {}).values()}
-    _carry_out(spec, body, plan(spec, pods, connected), scheduler_ip, token)
-    status = compute_status(spec, pods, info, previous, generation, _now())
+    taken = {p["metadata"]["name"] for p in kube.list_pods(namespace, {})}
+    failures = _carry_out(spec, body, plan(spec, pods, connected, taken), scheduler_ip, token)
+    status = compute_status(spec, pods, info, previous, generation, _now(), failures)
+    _announce_failures(body, previous, failures)
     _announce_unmet_demand(body, previous, status)
     _write_status(patch, previous, status)
 
@@ -106,13 +108,18 @@ def _carry_out(
     todo: Any,
     scheduler_ip: str | None,
     token: str | None,
-) -> None:
+) -> list[str]:
+    """Apply a plan; returns what the API server refused (quota, admission), said plainly."""
+    failures: list[str] = []
     for pod_name in todo.delete:
         kube.delete_pod(spec.namespace, pod_name)
     for group_name, index in todo.create:
         group = spec.group(group_name)
         assert group is not None
-        kube.create_if_absent(worker_pod(spec, group, index, owner))
+        try:
+            kube.create_if_absent(worker_pod(spec, group, index, owner))
+        except kube.ApiException as exc:
+            failures.append(f"cannot create worker pod {group_name}-{index}: {kube.reason(exc)}")
     for down in todo.scale_down:
         if scheduler_ip is None:
             continue  # without the scheduler we cannot tell idle workers; try next round
@@ -122,6 +129,22 @@ def _carry_out(
             kube.delete_pod(spec.namespace, pod_name)
     if not todo.empty:
         kopf.info(owner, reason="Reconciled", message=_describe(todo))
+    return failures
+
+
+def _announce_failures(
+    owner: Mapping[str, Any], previous: Mapping[str, Any], failures: list[str]
+) -> None:
+    before = next(
+        (
+            c.get("message")
+            for c in previous.get("conditions") or []
+            if c.get("type") == "ChildrenCreated"
+        ),
+        None,
+    )
+    if failures and "; ".join(failures) != before:
+        kopf.warn(owner, reason="CreateFailed", message="; ".join(failures))
 
 
 def _describe(todo: Any) -> str:

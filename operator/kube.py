@@ -19,6 +19,8 @@ logger = logging.getLogger("apportion.operator")
 
 FIELD_MANAGER = "apportion-operator"
 
+__all__ = ["ApiException", "apply", "create_if_absent", "delete_pod", "list_pods", "reason"]
+
 
 @functools.lru_cache(maxsize=1)
 def api_client() -> client.ApiClient:
@@ -55,6 +57,14 @@ def create_if_absent(manifest: Mapping[str, Any]) -> bool:
             return False
         raise
     return True
+
+
+def reason(exc: ApiException) -> str:
+    """The API server's own message for a refusal (e.g. 'exceeded quota: ...')."""
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except ValueError:
+        return str(exc.reason)
 
 
 def list_pods(namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -39,11 +39,18 @@ def _name(pod: Mapping[str, Any]) -> str:
     return str(pod["metadata"]["name"])
 
 
-def plan(spec: ClusterSpec, pods: list[Mapping[str, Any]], connected: set[str]) -> Plan:
-    """``pods``: this cluster's worker pods; ``connected``: worker names the scheduler knows."""
+def plan(
+    spec: ClusterSpec,
+    pods: list[Mapping[str, Any]],
+    connected: set[str],
+    taken: set[str] | None = None,
+) -> Plan:
+    """``pods``: this cluster's worker pods; ``connected``: worker names the scheduler knows;
+    ``taken``: every pod name in the namespace (another cluster's pod may hold a name such
+    as ``c-y-x-0`` that cluster ``c`` group ``y-x`` would otherwise pick)."""
     result = Plan()
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    taken = {_name(p) for p in pods}  # a pod being deleted still holds its name
+    taken = {_name(p) for p in pods} | set(taken or ())  # terminating pods hold names too
     for pod in live:
         group = (pod["metadata"].get("labels") or {}).get(LABEL_GROUP)
         if spec.group(group or "") is None:

@@ -41,6 +41,11 @@ _SUFFIXES = {
 }
 
 
+# Children are named "<cluster>-scheduler" (a Service: a DNS-1035 label, at most 63
+# characters) and carry the cluster name as a label value (at most 63 characters).
+_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,51}[a-z0-9])?$")
+
+
 class InvalidSpec(ValueError):
     """The spec cannot be turned into a cluster; the message says why and what to change."""
 
@@ -94,10 +99,17 @@ def parse_quantity(text: str | int | float) -> float:
             break
     else:
         number, scale = raw, Decimal(1)
+    if scale != 1 and any(ch in number for ch in "eE"):
+        raise InvalidSpec(
+            f"{text!r} is not a Kubernetes quantity: use an exponent or a suffix, not both"
+        )
     try:
-        return float(Decimal(number) * scale)
+        value = Decimal(number) * scale
     except InvalidOperation:
         raise InvalidSpec(f"{text!r} is not a Kubernetes quantity") from None
+    if not value.is_finite():
+        raise InvalidSpec(f"{text!r} is not a finite Kubernetes quantity")
+    return float(value)
 
 
 def format_quantity(amount: float) -> str:
@@ -152,6 +164,11 @@ def parse(
     name: str, namespace: str, spec: Mapping[str, Any], default_image: str = DEFAULT_IMAGE
 ) -> ClusterSpec:
     """Turn a ResourceCluster spec into a ClusterSpec, or raise InvalidSpec saying why."""
+    if not _CLUSTER_NAME.match(name):
+        raise InvalidSpec(
+            f"the name {name!r} cannot name this cluster's Service ('{name}-scheduler'): use "
+            "at most 53 lowercase letters, digits and '-', starting with a letter"
+        )
     resource_map = dict(DEFAULT_RESOURCE_MAP)
     resource_map.update(spec.get("resourceMap") or {})
     bad = [f"{k}: {v}" for k, v in resource_map.items() if not _K8S_RESOURCE.match(str(v))]

@@ -70,7 +70,9 @@ def compute_status(
     previous: Mapping[str, Any],
     generation: int | None,
     now: str,
+    failures: list[str] | None = None,
 ) -> dict[str, Any]:
+    """``failures``: what the API server refused this round (e.g. pods over a quota)."""
     workers = list((info or {}).get("workers", {}).values())
     by_name = {w["name"]: w for w in workers}
     groups, desired, connected_total = [], 0, 0
@@ -137,5 +139,13 @@ def compute_status(
         "conditions": [
             _condition(previous, "Valid", True, "SpecAccepted", "the spec is valid", now),
             _condition(previous, "Ready", complete, reason, message, now),
+            _condition(
+                previous,
+                "ChildrenCreated",
+                not failures,
+                "CreateFailed" if failures else "AllCreated",
+                "; ".join(failures or []) or "every child object exists",
+                now,
+            ),
         ],
     }

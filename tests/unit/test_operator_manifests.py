@@ -275,17 +275,17 @@ def test_worker_pod_names_are_cluster_group_index() -> None:
     assert pod["spec"]["restartPolicy"] == "Always"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: worker_pod_name is f'{cluster}-{group}-{index}', so two ResourceClusters in "
-    "one namespace can want the same pod: cluster 'c' group 'y-x' and cluster 'c-y' group "
-    "'x' both name index 0 'c-y-x-0'; create_if_absent then silently skips one cluster's "
-    "pod and plan() (which lists by cluster label) asks for it again forever",
-)
-def test_worker_pod_names_of_different_clusters_never_collide() -> None:
-    a = parse("c", "ns", {"workerGroups": [{"name": "y-x"}]})
+def test_a_pod_name_held_by_another_cluster_is_skipped_not_lost() -> None:
+    # Cluster "c" group "y-x" and cluster "c-y" group "x" would both pick "c-y-x-0".
+    from apportion.operator.plan import plan
+
+    a = parse("c", "ns", {"workerGroups": [{"name": "y-x", "replicas": 2}]})
     b = parse("c-y", "ns", {"workerGroups": [{"name": "x"}]})
-    assert worker_pod_name(a, a.groups[0], 0) != worker_pod_name(b, b.groups[0], 0)
+    held_by_b = worker_pod_name(b, b.groups[0], 0)
+    assert held_by_b == worker_pod_name(a, a.groups[0], 0)
+    todo = plan(a, [], set(), taken={held_by_b})
+    names = [worker_pod_name(a, a.groups[0], i) for _, i in todo.create]
+    assert held_by_b not in names and len(names) == 2
 
 
 def test_worker_command_is_an_explicit_apportion_worker_dialling_the_service() -> None:
