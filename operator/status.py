@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from apportion.operator.manifests import LABEL_GROUP
+from apportion.operator.manifests import HASH_ANNOTATION, LABEL_GROUP, group_hash
 from apportion.operator.spec import ClusterSpec
 
 
@@ -75,7 +75,7 @@ def compute_status(
     """``failures``: what the API server refused this round (e.g. pods over a quota)."""
     workers = list((info or {}).get("workers", {}).values())
     by_name = {w["name"]: w for w in workers}
-    groups, desired, connected_total = [], 0, 0
+    groups, desired, connected_total, all_settled = [], 0, 0, True
     for group in spec.groups:
         mine = [
             p
@@ -86,11 +86,20 @@ def compute_status(
         connected = [
             by_name[p["metadata"]["name"]] for p in mine if p["metadata"]["name"] in by_name
         ]
+        # Pods built from the current spec: until all are, the group is still changing.
+        wanted = group_hash(spec, group)
+        updated = [
+            p
+            for p in mine
+            if (p["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == wanted
+        ]
+        updated_connected = sum(p["metadata"]["name"] in by_name for p in updated)
         groups.append(
             {
                 "name": group.name,
                 "replicas": group.replicas,
                 "currentReplicas": len(mine),
+                "updatedReplicas": len(updated),
                 "readyReplicas": sum(pod_ready(p) for p in mine),
                 "connectedWorkers": len(connected),
                 "resources": group.advertised,
@@ -101,9 +110,11 @@ def compute_status(
         if stuck:
             groups[-1]["unschedulable"] = stuck
         desired += group.replicas
-        connected_total += min(len(connected), group.replicas)
+        settled = len(mine) == len(updated) == group.replicas
+        connected_total += min(updated_connected, group.replicas)
+        all_settled = all_settled and settled
     reachable = info is not None
-    complete = reachable and connected_total == desired
+    complete = reachable and connected_total == desired and all_settled
     was_running = previous.get("phase") in ("Running", "Degraded")
     if complete:
         phase = "Running"

@@ -58,9 +58,10 @@ def hold(seconds: float) -> str:
 class Deployment:
     """A helm-installed operator watching one namespace, and helpers on that namespace."""
 
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
+    def __init__(self, cluster: Cluster, namespace: str, system: str) -> None:
         self.k8s = cluster
         self.namespace = namespace
+        self.system = system  # where the operator runs
 
     def kubectl(self, *args: str, **kwargs: Any) -> Any:
         return self.k8s.kubectl(*args, "-n", self.namespace, **kwargs)
@@ -131,7 +132,7 @@ def deployed(k8s_cluster: Cluster) -> Iterator[Deployment]:
         "3m",
     )
     try:
-        yield Deployment(k8s_cluster, target)
+        yield Deployment(k8s_cluster, target, system)
     finally:
         k8s_cluster.kubectl(
             "delete",
@@ -320,3 +321,121 @@ def test_kubecluster_creates_and_deleting_removes_every_child(deployed: Deployme
         return deployed.rc("adhoc") is None and json.loads(out.stdout)["items"] == []
 
     deployed.wait(gone, "every child of adhoc deleted", timeout=180)
+
+
+def _uids(deployment: Deployment, selector: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in deployment.pods(selector)}
+
+
+def test_groups_added_changed_and_removed_are_reconciled(pipeline: Deployment) -> None:
+    def set_groups(change: Any) -> None:
+        groups = pipeline.rc("pipeline")["spec"]["workerGroups"]
+        change(groups)
+        pipeline.kubectl(
+            "patch",
+            "resourcecluster",
+            "pipeline",
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"workerGroups": groups}}),
+        )
+
+    set_groups(lambda gs: gs.append({"name": "cpu", "replicas": 1, "resources": {"process": 1}}))
+    pipeline.wait_running("pipeline", {"gpu": 2, "highmem": 1, "cpu": 1})
+    gpu_before = _uids(pipeline, "apportion.dev/group=gpu")
+
+    set_groups(lambda gs: next(g for g in gs if g["name"] == "highmem").update(nthreads=3))
+    cluster = KubeCluster.from_name(
+        "pipeline", pipeline.namespace, kubeconfig=str(pipeline.k8s.kubeconfig), timeout=120
+    )
+    with Client(cluster) as client:
+
+        def highmem_threads() -> list[int]:
+            workers = client.scheduler_info()["workers"].values()
+            return [w["nthreads"] for w in workers if w["name"].startswith("pipeline-highmem-")]
+
+        # The pod is replaced (the new one takes the next free name while the old goes).
+        pipeline.wait(lambda: highmem_threads() == [3], "highmem worker replaced with 3 threads")
+    pipeline.wait_running("pipeline", {"gpu": 2, "highmem": 1, "cpu": 1})
+
+    set_groups(lambda gs: gs.remove(next(g for g in gs if g["name"] == "cpu")))
+    pipeline.wait(lambda: pipeline.pods("apportion.dev/group=cpu") == [], "cpu pods deleted")
+    pipeline.wait_running("pipeline", {"gpu": 2, "highmem": 1})
+    assert [g["name"] for g in pipeline.status("pipeline")["workerGroups"]] == ["gpu", "highmem"]
+    assert _uids(pipeline, "apportion.dev/group=gpu") == gpu_before, "other groups untouched"
+
+
+def test_a_restarted_operator_resumes_without_duplicating_children(pipeline: Deployment) -> None:
+    before = _uids(pipeline, "app.kubernetes.io/instance=pipeline")
+    selector = "app.kubernetes.io/name=apportion,app.kubernetes.io/component=operator"
+    pods = json.loads(
+        pipeline.k8s.kubectl("get", "pods", "-n", pipeline.system, "-o", "json").stdout
+    )["items"]
+    (old,) = [
+        p for p in pods if p["spec"]["containers"][0].get("command") == ["apportion", "operator"]
+    ]
+    pipeline.k8s.kubectl("delete", "pod", old["metadata"]["name"], "-n", pipeline.system)
+    del selector
+
+    def new_operator_reconciled() -> bool:
+        fresh = [
+            p
+            for p in json.loads(
+                pipeline.k8s.kubectl("get", "pods", "-n", pipeline.system, "-o", "json").stdout
+            )["items"]
+            if p["metadata"]["uid"] != old["metadata"]["uid"]
+            and p["status"].get("phase") == "Running"
+        ]
+        return bool(fresh) and "Timer 'on_timer' succeeded" in pipeline.k8s.pod_log(
+            fresh[0]["metadata"]["name"], pipeline.system
+        )
+
+    pipeline.wait(new_operator_reconciled, "a new operator pod reconciling")
+    assert _uids(pipeline, "app.kubernetes.io/instance=pipeline") == before
+    assert pipeline.status("pipeline")["phase"] == "Running"
+
+
+def test_pods_refused_by_a_quota_show_as_a_condition_and_event(deployed: Deployment) -> None:
+    existing = len(deployed.pods(""))
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "few-pods"},
+        "spec": {"hard": {"pods": str(existing + 2)}},
+    }
+    deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(quota))
+    deployed.wait(
+        lambda: (
+            json.loads(deployed.kubectl("get", "resourcequota", "few-pods", "-o", "json").stdout)
+            .get("status", {})
+            .get("used")
+        ),
+        "quota usage computed",
+    )
+    capped = {
+        "apiVersion": "apportion.dev/v1alpha1",
+        "kind": "ResourceCluster",
+        "metadata": {"name": "capped"},
+        "spec": {
+            "scheduler": {"port": 9886, "httpPort": 9887},
+            "workerGroups": [{"name": "cpu", "replicas": 3}],
+        },
+    }
+    try:
+        deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(capped))
+
+        def refused() -> str | None:
+            for condition in deployed.status("capped").get("conditions", []):
+                if condition["type"] == "ChildrenCreated" and condition["status"] == "False":
+                    return str(condition["message"])
+            return None
+
+        message = deployed.wait(refused, "ChildrenCreated=False")
+        assert "exceeded quota" in message and "cannot create worker pod" in message
+        deployed.wait(
+            lambda: any("exceeded quota" in m for m in deployed.events("CreateFailed")),
+            "CreateFailed event",
+        )
+    finally:
+        deployed.kubectl("delete", "resourcecluster", "capped", "--wait=true", check=False)
+        deployed.kubectl("delete", "resourcequota", "few-pods", check=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from apportion.operator.manifests import LABEL_CLUSTER, LABEL_GROUP
+from apportion.operator.manifests import HASH_ANNOTATION, LABEL_CLUSTER, LABEL_GROUP, group_hash
 from apportion.operator.spec import ClusterSpec, parse
 from apportion.operator.status import compute_status, invalid_status, pod_ready, unschedulable
 
@@ -28,7 +28,9 @@ def pod(
     ready: bool = False,
     stuck: str | None = None,
     deleting: bool = False,
+    outdated: bool = False,
 ) -> dict[str, Any]:
+    """A worker pod; built from the current group spec unless ``outdated``."""
     conditions = []
     if stuck is not None:
         conditions.append(
@@ -40,10 +42,16 @@ def pod(
     meta: dict[str, Any] = {
         "name": f"c-{group}-{index}",
         "labels": {LABEL_CLUSTER: "c", LABEL_GROUP: group},
+        "annotations": {HASH_ANNOTATION: "old" if outdated else _current_hash(group)},
     }
     if deleting:
         meta["deletionTimestamp"] = T0
     return {"metadata": meta, "status": {"conditions": conditions}}
+
+
+def _current_hash(group: str) -> str:
+    spec = cluster(**{group: 1})  # replicas do not enter the hash
+    return group_hash(spec, spec.groups[0])
 
 
 def info(*workers: str | tuple[str, dict[str, float]], no_worker: Any = ()) -> dict[str, Any]:
@@ -191,6 +199,7 @@ def test_group_status_counts_pods_readiness_and_connections() -> None:
             "name": "a",
             "replicas": 3,
             "currentReplicas": 3,
+            "updatedReplicas": 3,
             "readyReplicas": 2,
             "connectedWorkers": 1,
             "resources": {"GPU": 1.0, "process": 1.0},
@@ -429,3 +438,15 @@ def test_fixing_an_invalid_spec_makes_it_valid_again_and_pending() -> None:
     assert condition(fixed, "Valid")["status"] == "True"
     assert condition(fixed, "Valid")["lastTransitionTime"] == T1
     assert condition(fixed, "Ready")["lastTransitionTime"] == T0
+
+
+def test_a_group_with_pods_from_an_old_spec_is_not_yet_running() -> None:
+    spec = cluster(g=1)
+    status = compute_status(
+        spec, [pod("g", 0, ready=True, outdated=True)], info("c-g-0"), {}, 1, T0
+    )
+    (group,) = status["workerGroups"]
+    assert (group["currentReplicas"], group["updatedReplicas"]) == (1, 0)
+    assert status["phase"] == "Pending"
+    fresh = compute_status(spec, [pod("g", 1, ready=True)], info("c-g-1"), {}, 1, T0)
+    assert fresh["phase"] == "Running" and fresh["workerGroups"][0]["updatedReplicas"] == 1
