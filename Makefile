@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format clean k8s-bin k8s-up test-k8s
+.PHONY: demo test lint format clean k8s-bin k8s-up test-k8s bench bench-quick profile
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,5 +36,24 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# Benchmarks against dask.distributed and Ray live in their own venv (big dependencies).
+BENCH_VENV  := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): pyproject.toml benchmarks/requirements.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/pip install --quiet -e . -r benchmarks/requirements.txt
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)  ## apportion vs dask.distributed vs Ray; results in benchmarks/results
+	$(BENCH_VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
+
+bench-quick: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python -m benchmarks.run --quick $(BENCH_ARGS)
+
+profile: $(BENCH_STAMP)  ## py-spy / pyinstrument profiles of apportion's processes
+	$(BENCH_VENV)/bin/python -m benchmarks.profile
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info .pytest_cache .ruff_cache
