@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 os.environ.setdefault("APPORTION_LOG_LEVEL", "WARNING")
 
 import apportion
 from apportion import Client, LocalCluster
+from benchmarks.systems.futures_session import FuturesSession
 from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes
 
 
@@ -18,28 +18,7 @@ def version() -> str:
     return getattr(apportion, "__version__", "dev")
 
 
-class ApportionSession:
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    def submit(
-        self, func: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None
-    ) -> Any:
-        return self.client.submit(func, *args, resources=resources, pure=False)
-
-    def map(
-        self,
-        func: Callable[..., Any],
-        xs: Sequence[Any],
-        resources: dict[str, float] | None = None,
-    ) -> list[Any]:
-        return self.client.map(func, xs, resources=resources, pure=False)
-
-    def gather(self, futures: list[Any]) -> list[Any]:
-        return self.client.gather(futures)
-
-    def result(self, future: Any) -> Any:
-        return future.result()
+ApportionSession = FuturesSession
 
 
 def _cluster(seed: bool) -> LocalCluster:

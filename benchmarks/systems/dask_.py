@@ -7,13 +7,14 @@ the closest match to apportion's model.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import distributed
 from distributed import Client, Nanny, Scheduler, SpecCluster
 
+from benchmarks.systems.futures_session import FuturesSession
 from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes
 
 
@@ -21,28 +22,7 @@ def version() -> str:
     return distributed.__version__
 
 
-class DaskSession:
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    def submit(
-        self, func: Callable[..., Any], *args: Any, resources: dict[str, float] | None = None
-    ) -> Any:
-        return self.client.submit(func, *args, resources=resources, pure=False)
-
-    def map(
-        self,
-        func: Callable[..., Any],
-        xs: Sequence[Any],
-        resources: dict[str, float] | None = None,
-    ) -> list[Any]:
-        return self.client.map(func, xs, resources=resources, pure=False)
-
-    def gather(self, futures: list[Any]) -> list[Any]:
-        return self.client.gather(futures)
-
-    def result(self, future: Any) -> Any:
-        return future.result()
+DaskSession = FuturesSession
 
 
 def _specs(seed: bool) -> dict[str, dict[str, Any]]:
