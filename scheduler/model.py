@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from apportion.resources import Resources, Shape
 
 # States in which a task still has to run (so it needs its dependencies).
 ACTIVE = frozenset({"waiting", "queued", "no-worker", "processing"})
+
+# Shared empty placeholder for a task's sets until something is added: most tasks never
+# get dependents, and three empty sets per task were most of a pending task's memory.
+# ``frozenset()`` is a singleton, so ``x in NOTHING`` is always False and costs nothing.
+NOTHING: frozenset[Any] = frozenset()
 
 
 class TaskState:
@@ -44,6 +50,7 @@ class TaskState:
         priority: int,
         retries: int,
         seq: int,
+        who_wants: frozenset[str] = NOTHING,
     ) -> None:
         self.key = key
         self.func = func
@@ -53,11 +60,14 @@ class TaskState:
         self.retries = retries
         self.seq = seq
         self.state = "released"
-        self.dependencies: list[TaskState] = []
-        self.dependents: set[TaskState] = set()
+        self.dependencies: Sequence[TaskState] = ()
+        # Created on the first dependent (NOTHING until then).
+        self.dependents: set[TaskState] | frozenset[TaskState] = NOTHING
         self.n_waiting = 0
-        self.who_has: set[WorkerState] = set()
-        self.who_wants: set[str] = set()
+        # Copy-on-write frozensets, usually one shared singleton per worker or client
+        # (see SchedulerState._one): replaced, never mutated in place.
+        self.who_has: frozenset[WorkerState] = NOTHING
+        self.who_wants: frozenset[str] = who_wants
         self.processing_on: WorkerState | None = None
         self.run_id: int | None = None
         self.nbytes = 0

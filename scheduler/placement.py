@@ -23,9 +23,18 @@ def can_start(ws: WorkerState, shape: Shape) -> bool:
 
 
 def pick_worker(
-    ts: TaskState, fitting: set[WorkerState], with_slots: Iterable[WorkerState]
+    ts: TaskState,
+    fitting: set[WorkerState],
+    with_slots: Iterable[WorkerState],
+    idle: Iterable[WorkerState] = (),
+    floor: float = 0.0,
 ) -> WorkerState | None:
-    """Choose a worker that can start ``ts`` now, or None if every fitting worker is full."""
+    """Choose a worker that can start ``ts`` now, or None if every fitting worker is full.
+
+    ``idle`` (optional) lists the workers of ``with_slots`` running nothing; they are tried
+    first. ``floor`` is a lower bound on the load of the others: the scan stops at the
+    first worker reaching it, so a busy cluster is not scanned whole for every task.
+    """
     if ts.dependencies:
         best: WorkerState | None = None
         best_bytes = -1
@@ -38,6 +47,9 @@ def pick_worker(
                 best, best_bytes = holder, held
         if best is not None:
             return best
+    for ws in idle:
+        if ws in fitting and fits(ts.shape, ws.free):
+            return ws
     best = None
     best_load = float("inf")
     for ws in with_slots:
@@ -45,7 +57,7 @@ def pick_worker(
             load = len(ws.processing) / ws.nthreads
             if load < best_load:
                 best, best_load = ws, load
-                if load == 0:
+                if load <= floor:
                     break
     return best
 
@@ -109,15 +121,23 @@ class ReadyQueues:
 
     def pop_for(self, ws: WorkerState) -> TaskState | None:
         """Remove and return the most urgent queued task ``ws`` can start now."""
-        best: TaskState | None = None
-        for shape in list(self.by_shape):
-            if shape not in ws.fitting_shapes or not fits(shape, ws.free):
+        best: tuple[int, int, int, TaskState] | None = None
+        emptied: list[Shape] = []
+        fitting, free = ws.fitting_shapes, ws.free
+        for shape, heap in self.by_shape.items():
+            if shape not in fitting or (shape and not fits(shape, free)):
                 continue
-            head = self._head(shape)
-            if head is not None and (
-                best is None or (-head.priority, head.seq) < (-best.priority, best.seq)
-            ):
-                best = head
-        if best is not None:
-            heapq.heappop(self.by_shape[best.shape])
-        return best
+            # Lazily drop tasks that left the queue another way (as _head does).
+            while heap and (heap[0][3].state != "queued" or heap[0][3].queue_token != heap[0][2]):
+                heapq.heappop(heap)
+            if not heap:
+                emptied.append(shape)
+            # Entries order by (-priority, seq, ...); seq is unique, so tasks never compare.
+            elif best is None or heap[0] < best:
+                best = heap[0]
+        for shape in emptied:
+            del self.by_shape[shape]
+        if best is None:
+            return None
+        heapq.heappop(self.by_shape[best[3].shape])
+        return best[3]

@@ -14,10 +14,10 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
-from apportion.scheduler.model import ACTIVE, TaskState, WorkerState
+from apportion.scheduler.model import ACTIVE, NOTHING, TaskState, WorkerState
 from apportion.scheduler.placement import ReadyQueues, explain_no_worker, pick_worker
 
 from apportion import config
@@ -46,10 +46,34 @@ class SchedulerState:
         self._notices: dict[tuple[str, Shape], list[str]] = {}
         self._seq = itertools.count()
         self._run_ids = itertools.count(1)
+        # One shared frozenset({x}) per worker or client: who_has and who_wants are
+        # copy-on-write, and nearly always hold exactly one member.
+        self._singletons: dict[Hashable, frozenset[Any]] = {}
+        # Each distinct demand once (tasks share the tuple instead of holding copies).
+        self._shapes: dict[Shape, Shape] = {}
+        # Workers with free slots and nothing running (a subset of with_slots), and the most
+        # threads any worker has had: other workers' loads are >= 1 / max_threads, which
+        # lets pick_worker stop at the first such worker instead of scanning them all.
+        self.idle: dict[WorkerState, None] = {}
+        self._max_threads = 1
         self.prefetch = int(config.get("scheduler.worker-prefetch"))
         self.allowed_failures = int(config.get("scheduler.allowed-failures"))
         timeout = config.get("scheduler.no-worker-timeout")
         self.no_worker_timeout: float | None = None if timeout is None else float(timeout)
+
+    # ------------------------------------------------------------- set helpers
+    def _with(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
+        if not members:
+            one = self._singletons.get(item)
+            if one is None:
+                one = self._singletons[item] = frozenset((item,))
+            return one
+        return members if item in members else members | {item}
+
+    def _without(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
+        if item not in members:
+            return members
+        return NOTHING if len(members) == 1 else members - {item}
 
     # ------------------------------------------------------------------ output
     def send(self, dest: str, message: Message) -> None:
@@ -79,33 +103,46 @@ class SchedulerState:
 
     def remove_client(self, client: str) -> None:
         self.clients.discard(client)
+        self._singletons.pop(client, None)
         wanted = [ts for ts in self.tasks.values() if client in ts.who_wants]
         for ts in wanted:
-            ts.who_wants.discard(client)
+            ts.who_wants = self._without(ts.who_wants, client)
         for ts in wanted:
             self._release_if_unneeded(ts)
 
     def handle_submit(self, client: str, specs: list[Message]) -> None:
         new: list[TaskState] = []
+        tasks = self.tasks
+        shapes = self._shapes
+        wants = self._with(NOTHING, client)
+        seq = self._seq
         for spec in specs:
             key = spec["key"]
-            ts = self.tasks.get(key)
+            ts = tasks.get(key)
             if ts is not None:
-                ts.who_wants.add(client)
+                ts.who_wants = self._with(ts.who_wants, client)
                 self._report_existing(client, ts)
                 continue
+            shape = to_shape(spec.get("resources"))
+            shape = shapes.setdefault(shape, shape)
+            priority = spec.get("priority")
+            retries = spec.get("retries")
             ts = TaskState(
                 key,
                 spec["func"],
                 spec["args"],
-                to_shape(spec.get("resources")),
-                int(spec.get("priority", 0)),
-                int(spec.get("retries", 0)),
-                next(self._seq),
+                shape,
+                int(priority) if priority else 0,
+                int(retries) if retries else 0,
+                next(seq),
+                wants,
             )
-            ts.who_wants.add(client)
-            self.tasks[key] = ts
-            missing = [dep for dep in spec.get("deps", ()) if dep not in self.tasks]
+            tasks[key] = ts
+            deps = spec.get("deps")
+            if not deps:
+                new.append(ts)
+                continue
+            missing = [dep for dep in deps if dep not in tasks]
             if missing:
                 self._fail(
                     ts,
@@ -115,8 +152,10 @@ class SchedulerState:
                     ),
                 )
                 continue
-            ts.dependencies = [self.tasks[dep] for dep in spec.get("deps", ())]
+            ts.dependencies = [tasks[dep] for dep in deps]
             for dep in ts.dependencies:
+                if dep.dependents is NOTHING:
+                    dep.dependents = set()
                 dep.dependents.add(ts)
             new.append(ts)
         # Most urgent first, so priority holds within one batch as well as across batches.
@@ -138,7 +177,7 @@ class SchedulerState:
         for key in keys:
             ts = self.tasks.get(key)
             if ts is not None:
-                ts.who_wants.discard(client)
+                ts.who_wants = self._without(ts.who_wants, client)
                 self._release_if_unneeded(ts)
 
     def handle_cancel(self, client: str, keys: list[str]) -> None:
@@ -152,7 +191,7 @@ class SchedulerState:
             seen.add(ts)
             for wanter in ts.who_wants:
                 self.send(wanter, {"op": "task-cancelled", "key": ts.key})
-            ts.who_wants.clear()
+            ts.who_wants = NOTHING
             stack.extend(d for d in ts.dependents if d.state in ACTIVE)
         for ts in seen:
             self._release_if_unneeded(ts)
@@ -170,6 +209,8 @@ class SchedulerState:
         ws = WorkerState(address, name, nthreads, resources, self.prefetch, memory_limit, info)
         ws.last_seen = self.clock()
         self.workers[address] = ws
+        self.idle[ws] = None
+        self._max_threads = max(self._max_threads, ws.nthreads)
         self.with_slots[ws] = None
         for shape, fitting in self.fitting.items():
             if fits(shape, ws.total):
@@ -193,6 +234,7 @@ class SchedulerState:
         level = logging.INFO if expected else logging.WARNING
         logger.log(level, "worker %s (%s) removed: %s", ws.name, address, reason)
         self.with_slots.pop(ws, None)
+        self._singletons.pop(ws, None)
         orphaned = []
         for shape in ws.fitting_shapes:
             self.fitting[shape].discard(ws)
@@ -201,7 +243,7 @@ class SchedulerState:
         # 1. Data that lived only there is lost.
         lost = []
         for ts in ws.has_what:
-            ts.who_has.discard(ws)
+            ts.who_has = self._without(ts.who_has, ws)
             if not ts.who_has and ts.state == "memory":
                 lost.append(ts)
         ws.has_what.clear()
@@ -209,6 +251,7 @@ class SchedulerState:
             self._forget_data(ts)
         # 2. Tasks it was running go back to be placed elsewhere.
         rerun = []
+        self.idle.pop(ws, None)
         for ts in ws.processing.values():
             if ts.processing_on is not ws:
                 continue  # a run cancelled earlier; nothing to redo
@@ -260,6 +303,7 @@ class SchedulerState:
             ws.retiring = True
             ws.slots = 0
             self.with_slots.pop(ws, None)
+            self.idle.pop(ws, None)
         if chosen:
             logger.info("retiring workers %s", [ws.name for ws in chosen])
         return [ws.name for ws in chosen]
@@ -284,7 +328,7 @@ class SchedulerState:
         ts.run_id = None
         ts.state = "memory"
         ts.nbytes = int(msg.get("nbytes", 0))
-        ts.who_has.add(ws)
+        ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
         finished = self._finished_message(ts, msg.get("data"))
         for wanter in ts.who_wants:
@@ -340,7 +384,7 @@ class SchedulerState:
             for holder_address in holders:
                 holder = self.workers.get(holder_address)
                 if holder is not None and holder in dep.who_has:
-                    dep.who_has.discard(holder)
+                    dep.who_has = self._without(dep.who_has, holder)
                     holder.has_what.discard(dep)
                     self.send(holder.address, {"op": "free-keys", "keys": [dep.key]})
             if not dep.who_has and dep.state == "memory":
@@ -399,6 +443,9 @@ class SchedulerState:
             ts = stack.pop()
             if ts.state != "released":
                 continue
+            if not ts.dependencies:
+                self._make_ready(ts)
+                continue
             missing = [d for d in ts.dependencies if d.state != "memory"]
             erred = next((d for d in missing if d.state == "erred"), None)
             if erred is not None:
@@ -426,7 +473,10 @@ class SchedulerState:
             for client in ts.who_wants:
                 self._notices.setdefault((client, ts.shape), []).append(ts.key)
             return
-        ws = pick_worker(ts, fitting, self.with_slots)
+        # No worker has a free slot: nothing can start now (the common case under load).
+        ws = None
+        if self.with_slots:
+            ws = pick_worker(ts, fitting, self.with_slots, self.idle, 1 / self._max_threads)
         if ws is None:
             ts.state = "queued"
             self.ready.push(ts)
@@ -438,6 +488,8 @@ class SchedulerState:
         ts.state = "processing"
         ts.processing_on = ws
         ts.run_id = run_id
+        if not ws.processing:
+            self.idle.pop(ws, None)
         ws.processing[run_id] = ts
         for name, amount in ts.shape:
             ws.used[name] += amount
@@ -465,6 +517,8 @@ class SchedulerState:
         ts = ws.processing.pop(run_id, None)
         if ts is None:
             return None
+        if not ws.processing and ws.slots > 0 and ws.address in self.workers:
+            self.idle[ws] = None
         for name, amount in ts.shape:
             ws.used[name] -= amount
             # Float sums of fractional demands drift; snap to the exact totals.
@@ -503,8 +557,8 @@ class SchedulerState:
             if ts.key not in self.tasks or self._needed(ts):
                 continue
             if ts.state == "memory":
-                holders = list(ts.who_has)
-                ts.who_has.clear()  # before _free_on, which skips holders still listed
+                holders = ts.who_has
+                ts.who_has = NOTHING  # before _free_on, which skips holders still listed
                 for holder in holders:
                     holder.has_what.discard(ts)
                     self._free_on(holder, ts)
@@ -515,7 +569,8 @@ class SchedulerState:
                 del self.tasks[ts.key]
                 ts.state = "forgotten"
                 for dep in ts.dependencies:
-                    dep.dependents.discard(ts)
+                    if ts in dep.dependents:
+                        dep.dependents.discard(ts)  # type: ignore[union-attr]
                     stack.append(dep)
             else:
                 stack.extend(ts.dependencies)
@@ -640,6 +695,11 @@ class SchedulerState:
                     problems.append(f"{ws.name}: {name} free {ws.free[name]} != total - used")
             if len(ws.processing) > ws.slots and not ws.retiring:
                 problems.append(f"{ws.name}: {len(ws.processing)} runs > {ws.slots} slots")
+        idle = {ws for ws in self.with_slots if not ws.processing}
+        if idle != set(self.idle):
+            problems.append(
+                f"idle workers {sorted(map(repr, self.idle))} != {sorted(map(repr, idle))}"
+            )
         for ts in self.tasks.values():
             if ts.state == "processing" and (
                 ts.processing_on is None or ts.run_id not in ts.processing_on.processing
