@@ -6,7 +6,7 @@ Whole-number resources (``GPU=2``) are also handed out as unit indices
 
 from __future__ import annotations
 
-from apportion.resources import Resources, Shape, fits
+from apportion.resources import TOLERANCE, Resources, Shape
 
 # Countable things (GPUs, licences) get unit indices; quantities like bytes do not.
 MAX_UNITS = 1024
@@ -27,7 +27,12 @@ class LocalResources:
         return all(self.total.get(name, 0) >= amount for name, amount in demand)
 
     def fits_now(self, demand: Shape) -> bool:
-        return fits(demand, self.free())
+        # Same test as fits(demand, self.free()), without building the free dict.
+        total, used = self.total, self.used
+        for name, amount in demand:
+            if total.get(name, 0) - used.get(name, 0) + TOLERANCE < amount:
+                return False
+        return True
 
     def acquire(self, demand: Shape) -> dict[str, list[int]]:
         """Take ``demand``; returns the unit indices granted for whole-number resources."""

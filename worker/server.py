@@ -9,10 +9,12 @@ served to peers and clients; small ones also travel back with the completion.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
+import queue
 import socket
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from typing import Any
 
 from apportion.worker.context import TaskInfo, WorkerInfo, set_current
@@ -34,6 +36,9 @@ from apportion.serialize import (
 )
 
 logger = logging.getLogger("apportion.worker")
+
+# What a task thread hands back: (ok, value, pickled value or exception, traceback).
+Outcome = tuple[bool, Any, bytes | None, str]
 
 
 class LocalTask:
@@ -104,7 +109,13 @@ class Worker:
         self.fetched_refs: dict[str, int] = {}
         self._fetching: dict[str, asyncio.Future[None]] = {}
         self.functions = FunctionLoadCache()
-        self.executor = ThreadPoolExecutor(self.nthreads, thread_name_prefix="apportion-task")
+        # Long-lived task threads fed by a queue (cheaper than an executor's futures); their
+        # outcomes come back in _done, drained by one loop callback per burst (see _task_thread).
+        self._jobs: queue.SimpleQueue[LocalTask | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._done: collections.deque[tuple[LocalTask, Outcome]] = collections.deque()
+        self._done_lock = threading.Lock()
+        self._drain_scheduled = False
         self.peers = ConnectionPool("peer", token)
         self.listener = Listener(self._serve_peer, token, roles=("peer", "client"))
         self.scheduler: Comm | None = None
@@ -121,6 +132,13 @@ class Worker:
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Worker:
         self._loop = asyncio.get_running_loop()
+        for i in range(self.nthreads):
+            # Daemon: a task still running when the process exits must not keep it alive.
+            thread = threading.Thread(
+                target=self._task_thread, name=f"apportion-task-{i}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
         port = self.listener.listen_on(self.host, self.port)
         contact = self.contact_host or (
             self.host if self.host != "0.0.0.0" else _route_ip(self.scheduler_address)
@@ -194,7 +212,8 @@ class Worker:
             self.scheduler.close(reason)
         self.listener.close_all()
         self.peers.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        for _ in self._threads:
+            self._jobs.put(None)  # each thread stops after the runs already handed to it
         self.finished.set()
 
     def _send_heartbeat(self) -> None:
@@ -368,10 +387,7 @@ class Worker:
             task.units = self.ledger.acquire(task.shape)
             task.state = "running"
             self.running += 1
-            future = self.executor.submit(self._execute, task)
-            future.add_done_callback(
-                lambda f, t=task: self._loop.call_soon_threadsafe(self._on_done, t, f)
-            )
+            self._jobs.put(task)
 
     def _next_startable(self) -> LocalTask | None:
         best: LocalTask | None = None
@@ -386,7 +402,33 @@ class Worker:
         except KeyError:
             return self.fetched[key]
 
-    def _execute(self, task: LocalTask) -> tuple[bool, Any, bytes | None, str]:
+    def _task_thread(self) -> None:
+        """A task thread: run what _start_ready hands over, report back to the loop."""
+        while True:
+            task = self._jobs.get()
+            if task is None:
+                return
+            self._done.append((task, self._execute(task)))
+            # Wake the loop only if no drain is pending already: one wake-up per burst.
+            with self._done_lock:
+                if self._drain_scheduled:
+                    continue
+                self._drain_scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain_done)
+            except RuntimeError:
+                return  # the event loop is closed: the worker is gone
+
+    def _drain_done(self) -> None:
+        # Clear the flag first: an outcome appended after it is either drained below or
+        # schedules another drain.
+        with self._done_lock:
+            self._drain_scheduled = False
+        while self._done:
+            task, outcome = self._done.popleft()
+            self._on_done(task, outcome)
+
+    def _execute(self, task: LocalTask) -> Outcome:
         """Runs in a task thread: returns (ok, value, pickled, traceback)."""
         set_current(
             WorkerInfo(
@@ -416,19 +458,17 @@ class Worker:
         finally:
             set_current(None)
 
-    def _on_done(self, task: LocalTask, future: Any) -> None:
+    def _on_done(self, task: LocalTask, outcome: Outcome) -> None:
         self.running -= 1
         self.ledger.release(task.shape, task.units)
         if task.epoch != self.epoch:
             self._start_ready()  # a run the current scheduler never heard of
             return
         self._drop(task)
-        if future.cancelled():
-            self._send({"op": "task-released", "key": task.key, "run_id": task.run_id})
-        elif task.cancelled:
+        if task.cancelled:
             self._send({"op": "task-released", "key": task.key, "run_id": task.run_id})
         else:
-            ok, value, payload, text = future.result()
+            ok, value, payload, text = outcome
             if ok:
                 self.data[task.key] = value
                 message: Message = {
