@@ -240,6 +240,7 @@ class Client:
             self._flush_scheduled = False
         if not self._comm.closed:
             self._comm.send_many(messages)
+            self._comm.flush()  # already batched by _post: no need to wait another tick
 
     # ---------------------------------------------------------------- results
     def gather(self, futures: Any, errors: str = "raise") -> Any:

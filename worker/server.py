@@ -427,6 +427,8 @@ class Worker:
         while self._done:
             task, outcome = self._done.popleft()
             self._on_done(task, outcome)
+        if self.scheduler is not None and not self.scheduler.closed:
+            self.scheduler.flush()  # the whole burst is queued: send it now, not next tick
 
     def _execute(self, task: LocalTask) -> Outcome:
         """Runs in a task thread: returns (ok, value, pickled, traceback)."""

@@ -69,6 +69,8 @@ class Comm:
         self._closed_reason: str | None = None
         # Messages that arrived in the same frame as the handshake reply, for the next read.
         self._backlog: list[Message] = []
+        # Plain TCP (not TLS): a frame may go straight to the socket when nothing is queued.
+        self._direct = type(stream) is IOStream
         stream.set_nodelay(True)
 
     @property
@@ -87,6 +89,11 @@ class Comm:
         for message in messages:
             self.send(message)
 
+    def flush(self) -> None:
+        """Write what is queued now instead of on the next loop tick (saves a tick)."""
+        if self._queue:
+            self._flush()
+
     def _flush(self) -> None:
         self._flush_pending = False
         batch, self._queue = self._queue, []
@@ -103,8 +110,19 @@ class Comm:
         return self._frames(batch[:middle]) + self._frames(batch[middle:])
 
     def _write(self, data: bytes) -> None:
+        stream = self.stream
+        if self._direct and not stream.writing() and not stream.closed():
+            # Nothing queued in tornado: send directly, skipping its write future and the
+            # loop callback that resolves it (most frames are small and go out whole).
+            try:
+                sent = stream.socket.send(data)
+            except OSError:
+                sent = 0  # would block, or an error tornado reports below
+            if sent == len(data):
+                return
+            data = data[sent:]
         try:
-            future = self.stream.write(data)
+            future = stream.write(data)
         except StreamClosedError:
             self.close("peer closed the connection")
             return
