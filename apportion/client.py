@@ -123,7 +123,7 @@ class Client:
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker with ``resources`` free."""
         options = self._options(resources, retries, priority)
-        spec, future = self._prepare(func, args, kwargs, key, pure, options)
+        spec, future = self._prepare(func, args, kwargs, key, pure, options, limit=self._limit())
         if spec is not None:
             self._enqueue([spec])
         return future
@@ -150,6 +150,7 @@ class Client:
         else:
             keys = [None] * len(rows)
         specs, futures = [], []
+        limit = self._limit()
         for row, explicit in zip(rows, keys, strict=True):
             spec, future = self._prepare(
                 func,
@@ -159,6 +160,7 @@ class Client:
                 pure,
                 options,
                 prefix=key if isinstance(key, str) else None,
+                limit=limit,
             )
             futures.append(future)
             if spec is not None:
@@ -186,6 +188,7 @@ class Client:
         pure: bool,
         options: dict[str, Any],
         prefix: str | None = None,
+        limit: int | None = None,
     ) -> tuple[Message | None, Future]:
         self._check_open()
         if not callable(func):
@@ -200,7 +203,8 @@ class Client:
             key = f"{name}-{token}"
         elif not isinstance(key, str):
             raise TypeError(f"key must be a string, got {key!r}")
-        limit = int(config.get("comm.max-frame-bytes")) - 4096
+        if limit is None:
+            limit = self._limit()
         if len(func_bytes) + len(args_bytes) > limit:
             raise ValueError(
                 f"task {key!r} serializes to {len(func_bytes) + len(args_bytes):,} bytes, more "
@@ -219,6 +223,11 @@ class Client:
         if not options["resources"]:
             del spec["resources"]
         return spec, future
+
+    @staticmethod
+    def _limit() -> int:
+        """Largest task payload; read once per submit or map call, not per task."""
+        return int(config.get("comm.max-frame-bytes")) - 4096
 
     def _enqueue(self, specs: list[Message]) -> None:
         if not specs:

@@ -41,6 +41,48 @@ class _ArgsPickler(cloudpickle.Pickler):
         return None
 
 
+class _PlainArgsPickler(pickle.Pickler):
+    """The C pickler with the same persistent ids, for arguments of plain types only."""
+
+    def __init__(self, file: io.BytesIO, dependency_type: type) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.dependency_type = dependency_type
+        self.dependencies: dict[str, None] = {}
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is self.dependency_type:
+            key = obj.key
+            self.dependencies[key] = None
+            return (_DEP_TAG, key)
+        return None
+
+
+# Types that plain pickle writes exactly as cloudpickle does (by value, no references to
+# modules that might exist only here, such as __main__).
+_PLAIN_TYPES = frozenset({int, float, complex, str, bytes, bool, type(None)})
+
+
+def _plain_kind(values: Any, dependency_type: type) -> int:
+    """0: not all plain; 1: plain, no futures; 2: plain and futures (one level of nesting)."""
+    kind = 1
+    for value in values:
+        t = type(value)
+        if t in _PLAIN_TYPES:
+            continue
+        if t is dependency_type:
+            kind = 2
+        elif t is tuple or t is list:
+            for item in value:
+                ti = type(item)
+                if ti is dependency_type:
+                    kind = 2
+                elif ti not in _PLAIN_TYPES:
+                    return 0
+        else:
+            return 0
+    return kind
+
+
 class _ArgsUnpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, resolve: Callable[[str], Any]) -> None:
         super().__init__(file)
@@ -92,6 +134,18 @@ class FunctionLoadCache:
 
 def dumps_args(args: tuple, kwargs: dict, dependency_type: type) -> tuple[bytes, list[str]]:
     """Pickle ``(args, kwargs)``; returns the bytes and the keys of futures inside."""
+    # Fast path: arguments of plain types need neither cloudpickle nor its Pickler set-up.
+    kind = _plain_kind(args, dependency_type)
+    if kind and kwargs:
+        kw_kind = _plain_kind(kwargs.values(), dependency_type)
+        kind = max(kind, kw_kind) if kw_kind else 0
+    if kind == 1:
+        return pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL), []
+    if kind == 2:
+        plain = io.BytesIO()
+        plain_pickler = _PlainArgsPickler(plain, dependency_type)
+        plain_pickler.dump((args, kwargs))
+        return plain.getvalue(), list(plain_pickler.dependencies)
     buffer = io.BytesIO()
     pickler = _ArgsPickler(buffer, dependency_type)
     try:
