@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import click
 
 from apportion import config
 from apportion.auth import read_token_file, scheduler_token, token_from_environment
+from apportion.backoff import RestartBackoff
 from apportion.process import serve, setup_logging
 from apportion.resources import parse_spec
 
@@ -200,12 +202,27 @@ def _supervise(nworkers: int, name: str | None) -> None:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     setup_logging()
+    backoffs = [RestartBackoff() for _ in children]
+    restart_at: list[float | None] = [None] * len(children)
+    for backoff in backoffs:
+        backoff.started(time.monotonic())
     while not stopping.wait(0.2):
         for i, child in enumerate(children):
-            if child.poll() is not None and not stopping.is_set():
+            if child.poll() is None or stopping.is_set():
+                continue
+            now = time.monotonic()
+            if restart_at[i] is None:
+                restart_at[i] = now + backoffs[i].delay(now)
                 logger.warning(
-                    "worker %s-%d exited with code %s; restarting it", base, i, child.returncode
+                    "worker %s-%d exited with code %s; restarting it in %.1fs",
+                    base,
+                    i,
+                    child.returncode,
+                    restart_at[i] - now,
                 )
+            if now >= (restart_at[i] or now):
+                restart_at[i] = None
+                backoffs[i].started(now)
                 children[i] = subprocess.Popen(commands[i])
     sys.exit(max(child.wait() for child in children))
 

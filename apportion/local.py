@@ -13,11 +13,12 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from apportion import config
 from apportion.auth import TOKEN_ENV, generate_token
+from apportion.backoff import RestartBackoff
 from apportion.process import PARENT_PID_ENV
 from apportion.resources import format_resources, validate
 
@@ -33,6 +34,8 @@ class WorkerProcess:
     restarts: int = 0
     # False for workers killed or closed on purpose, which must stay dead.
     supervised: bool = True
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    restart_at: float | None = None
 
     @property
     def pid(self) -> int:
@@ -226,11 +229,19 @@ class LocalCluster:
             for worker in dead:
                 if self._stopping.is_set():
                     return
-                logger.warning(
-                    "worker %s exited with code %s; restarting it",
-                    worker.name,
-                    worker.process.returncode,
-                )
+                now = time.monotonic()
+                if worker.restart_at is None:
+                    worker.restart_at = now + worker.backoff.delay(now)
+                    logger.warning(
+                        "worker %s exited with code %s; restarting it in %.1fs",
+                        worker.name,
+                        worker.process.returncode,
+                        worker.restart_at - now,
+                    )
+                if now < worker.restart_at:
+                    continue
+                worker.restart_at = None
+                worker.backoff.started(now)
                 with self._lock:
                     process, fd = self._spawn(worker.args)
                     worker.process = process
