@@ -95,6 +95,9 @@ class Client:
         self._functions = FunctionPickleCache()
         self._requests: dict[int, asyncio.Future[Message]] = {}
         self._request_ids = itertools.count(1)
+        # Impure keys: a random prefix per client and a counter (no uuid4 per task).
+        self._key_prefix = uuid.uuid4().hex[:20]
+        self._key_counter = itertools.count()
         self._closed = False
         self._lost: str | None = None
         self._warned: set[tuple] = set()
@@ -202,9 +205,13 @@ class Client:
         args_bytes, deps = dumps_args(tuple(args), dict(kwargs), Future)
         if key is None:
             name = prefix or getattr(func, "__name__", type(func).__name__)
-            # The demand is part of a pure key: the same call placed differently is another task.
-            demand = repr(sorted(options["resources"].items())).encode()
-            token = tokenize(func_bytes, args_bytes, demand) if pure else uuid.uuid4().hex
+            if pure:
+                # The demand is part of a pure key: the same call placed differently is
+                # another task.
+                demand = repr(sorted(options["resources"].items())).encode()
+                token = tokenize(func_bytes, args_bytes, demand)
+            else:
+                token = f"{self._key_prefix}{next(self._key_counter):012x}"
             key = f"{name}-{token}"
         elif not isinstance(key, str):
             raise TypeError(f"key must be a string, got {key!r}")
@@ -435,7 +442,7 @@ class Client:
                 reply.set_exception(SchedulerConnectionError(reason))
         self._requests.clear()
         for state in list(self._states.values()):
-            if not state.event.is_set():
+            if not state.is_done():
                 state.cancel(SchedulerConnectionError(reason))
 
     def _check_open(self) -> None:

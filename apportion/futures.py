@@ -21,12 +21,13 @@ class FutureState:
     """What the client knows of one key; shared by every Future of that key."""
 
     __slots__ = (
+        "_done",
+        "_event",
         "_exception",
         "_value",
         "callbacks",
         "data",
         "error",
-        "event",
         "key",
         "lock",
         "nbytes",
@@ -37,7 +38,10 @@ class FutureState:
     def __init__(self, key: str) -> None:
         self.key = key
         self.status = "pending"
-        self.event = threading.Event()
+        # Done flag, and an Event made only once someone blocks on a pending state: most
+        # futures are never waited on while pending (chains, map then gather).
+        self._done = False
+        self._event: threading.Event | None = None
         self.lock = threading.Lock()
         self.data: bytes | None = None
         self._value: Any = _MISSING
@@ -69,22 +73,46 @@ class FutureState:
             if self.has_value():
                 return
             self.status = "pending"
-            self.event.clear()
+            self._done = False
+            if self._event is not None:
+                self._event.clear()
 
     def _set(self, status: str) -> None:
         with self.lock:
             self.status = status
+            self._done = True
             callbacks, self.callbacks = self.callbacks, []
-        self.event.set()
+            event = self._event
+        if event is not None:
+            event.set()
         for callback in callbacks:
             callback()
 
     def add_callback(self, callback: Callable[[], None]) -> None:
         with self.lock:
-            if not self.event.is_set():
+            if not self._done:
                 self.callbacks.append(callback)
                 return
         callback()
+
+    def is_done(self) -> bool:
+        return self._done
+
+    @property
+    def event(self) -> threading.Event:
+        """An Event set while the state is done (created on first use)."""
+        with self.lock:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._done:
+                    self._event.set()
+            return self._event
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until done; False if ``timeout`` passed first."""
+        if self._done:
+            return True
+        return self.event.wait(timeout)
 
     # Called on user threads.
     def has_value(self) -> bool:
@@ -125,7 +153,7 @@ class Future:
         return self._state.status
 
     def done(self) -> bool:
-        return self._state.event.is_set()
+        return self._state.is_done()
 
     def result(self, timeout: float | None = None) -> Any:
         self._wait(timeout)
@@ -156,7 +184,7 @@ class Future:
         self._state.add_callback(lambda: fn(self))
 
     def _wait(self, timeout: float | None) -> None:
-        if not self._state.event.wait(timeout):
+        if not self._state.wait(timeout):
             raise TimeoutError(f"task {self.key!r} not done after {timeout}s")
 
     def _exception(self) -> BaseException:
@@ -204,7 +232,7 @@ def wait(
     else:
         for future in futures:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not future._state.event.wait(left):
+            if not future._state.wait(left):
                 pending = sum(not f.done() for f in futures)
                 raise TimeoutError(f"{pending} of {len(futures)} futures not done after {timeout}s")
     done = {f for f in futures if f.done()}
