@@ -158,10 +158,15 @@ class SchedulerState:
                     dep.dependents = set()
                 dep.dependents.add(ts)
             new.append(ts)
-        # Most urgent first, so priority holds within one batch as well as across batches.
-        new.sort(key=lambda t: (-t.priority, t.seq))
+        # Most urgent first, so priority holds within one batch as well as across batches
+        # (already so when no task has a priority: seq follows the order of the batch).
+        if any(ts.priority for ts in new):
+            new.sort(key=lambda t: (-t.priority, t.seq))
         for ts in new:
-            self._ensure_computed(ts)
+            if ts.dependencies:
+                self._ensure_computed(ts)
+            elif ts.state == "released":  # not made ready already, as another's dependency
+                self._make_ready(ts)
 
     def _report_existing(self, client: str, ts: TaskState) -> None:
         if ts.state == "memory":
@@ -340,7 +345,7 @@ class SchedulerState:
                     self._make_ready(dependent)
         for dep in ts.dependencies:
             self._release_if_unneeded(dep)
-        if not self._needed(ts):
+        if not ts.who_wants and not self._needed(ts):
             self._release_if_unneeded(ts)
         self._fill(ws)
 
@@ -504,8 +509,10 @@ class SchedulerState:
                 "run_id": run_id,
                 "func": ts.func,
                 "args": ts.args,
-                "deps": {d.key: [w.address for w in d.who_has] for d in ts.dependencies},
-                "resources": dict(ts.shape),
+                "deps": {d.key: [w.address for w in d.who_has] for d in ts.dependencies}
+                if ts.dependencies
+                else {},
+                "resources": dict(ts.shape) if ts.shape else {},
                 "priority": ts.priority,
             },
         )
