@@ -11,7 +11,7 @@ from typing import Any
 from apportion.protocol import Message, ProtocolError
 from apportion.resources import validate
 
-_TASK_FIELDS = {"key", "func", "args", "deps", "resources", "priority", "retries"}
+_TASK_FIELDS = frozenset({"key", "func", "args", "deps", "resources", "priority", "retries"})
 
 
 def _expect(condition: bool, problem: str) -> None:
@@ -38,8 +38,8 @@ def check_submit(message: Message) -> list[Message]:
     seen: set[str] = set()
     for task in tasks:
         _expect(isinstance(task, dict), f"a task must be a map, got {str(task)[:80]}")
-        unknown = set(task) - _TASK_FIELDS
-        _expect(not unknown, f"task has unknown fields {sorted(unknown)}")
+        if not _TASK_FIELDS.issuperset(task):
+            _expect(False, f"task has unknown fields {sorted(set(task) - _TASK_FIELDS)}")
         key = task.get("key")
         _expect(isinstance(key, str) and key != "", "task 'key' must be a non-empty string")
         _expect(key not in seen, f"task {key!r} appears twice in one submission")
@@ -47,15 +47,25 @@ def check_submit(message: Message) -> list[Message]:
         _expect(isinstance(task.get("func"), bytes), f"task {key!r}: 'func' must be bytes")
         _expect(isinstance(task.get("args"), bytes), f"task {key!r}: 'args' must be bytes")
         deps = task.get("deps", [])
-        _expect(
-            isinstance(deps, list) and all(isinstance(d, str) for d in deps),
-            f"task {key!r}: 'deps' must be a list of keys",
-        )
-        _expect(_is_int(task.get("priority", 0)), f"task {key!r}: 'priority' must be an int")
+        if type(deps) is not list or (deps and not all(type(d) is str for d in deps)):
+            _expect(
+                isinstance(deps, list) and all(isinstance(d, str) for d in deps),
+                f"task {key!r}: 'deps' must be a list of keys",
+            )
+        priority = task.get("priority", 0)
+        if priority != 0 or type(priority) is not int:  # 0, the usual value, is fine
+            _expect(_is_int(priority), f"task {key!r}: 'priority' must be an int")
         retries = task.get("retries", 0)
-        _expect(_is_int(retries) and retries >= 0, f"task {key!r}: 'retries' must be an int >= 0")
+        if retries != 0 or type(retries) is not int:
+            _expect(
+                _is_int(retries) and retries >= 0, f"task {key!r}: 'retries' must be an int >= 0"
+            )
+        resources = task.get("resources")
+        if not resources and (resources is None or type(resources) is dict):
+            task["resources"] = {}  # what validate() returns for no demand, minus its checks
+            continue
         try:
-            task["resources"] = validate(task.get("resources"))
+            task["resources"] = validate(resources)
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"task {key!r}: {exc}") from None
     return tasks
