@@ -67,8 +67,12 @@ class KubeCluster:
                 spec["resourceMap"] = resource_map
             if scheduler:
                 spec["scheduler"] = scheduler
-            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceCluster",
-                    "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+            body = {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "ResourceCluster",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": spec,
+            }
             self._custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
         self._wait(self._all_connected, "all workers connected")
         self.token = self._read_token()
@@ -81,8 +85,9 @@ class KubeCluster:
 
     # ----------------------------------------------------------------- state
     def resource(self) -> dict[str, Any]:
-        return self._custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                         self.name)
+        return self._custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, self.name
+        )
 
     @property
     def status(self) -> dict[str, Any]:
@@ -92,14 +97,17 @@ class KubeCluster:
         found = self.resource()
         status = found.get("status") or {}
         if status.get("phase") == "Invalid":
-            reason = next((c["message"] for c in status.get("conditions", [])
-                           if c.get("type") == "Valid"), "invalid spec")
+            reason = next(
+                (c["message"] for c in status.get("conditions", []) if c.get("type") == "Valid"),
+                "invalid spec",
+            )
             raise ValueError(f"ResourceCluster {self.name} is invalid: {reason}")
         if status.get("observedGeneration") != found["metadata"].get("generation"):
             return False
         groups = status.get("workerGroups") or []
         return status.get("phase") == "Running" and all(
-            g["connectedWorkers"] == g["replicas"] == g["currentReplicas"] for g in groups)
+            g["connectedWorkers"] == g["replicas"] == g["currentReplicas"] for g in groups
+        )
 
     def _wait(self, condition: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.timeout
@@ -132,8 +140,7 @@ class KubeCluster:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             return service_address
         _, port = parse_address(service_address)
-        selector = (f"app.kubernetes.io/instance={self.name},"
-                    "app.kubernetes.io/component=scheduler")
+        selector = f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=scheduler"
         pods = self._core.list_namespaced_pod(self.namespace, label_selector=selector).items
         for pod in pods:
             ip = pod.status.pod_ip
@@ -163,9 +170,16 @@ class KubeCluster:
         groups[names.index(group)]["replicas"] = n
         # A merge patch replaces the whole list; resourceVersion makes a concurrent edit fail.
         self._custom.patch_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, self.name,
-            {"metadata": {"resourceVersion": found["metadata"]["resourceVersion"]},
-             "spec": {"workerGroups": groups}})
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            self.name,
+            {
+                "metadata": {"resourceVersion": found["metadata"]["resourceVersion"]},
+                "spec": {"workerGroups": groups},
+            },
+        )
         self._wait(self._all_connected, f"{n} workers in group {group}")
 
     # --------------------------------------------------------------- lifecycle
@@ -174,8 +188,9 @@ class KubeCluster:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self._custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                         self.name)
+            self._custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, self.name
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
