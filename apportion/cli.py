@@ -83,7 +83,9 @@ def scheduler(
         token = scheduler_token(token_file, no_auth)
     except (OSError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
-    from apportion.scheduler.server import Scheduler
+    from apportion.scheduler.server import Scheduler, tune_garbage_collector
+
+    tune_garbage_collector()
 
     server = Scheduler(host, port, token=token, http_port=http_port)
     serve(
