@@ -63,6 +63,10 @@ def _now() -> str:
 
 def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     meta, previous = body["metadata"], dict(body.get("status") or {})
+    if meta.get("deletionTimestamp"):
+        # Going away: its children go with it (ownerReferences); re-applying them now
+        # would only race the garbage collector.
+        return
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
     default_image = os.environ.get("APPORTION_OPERATOR_IMAGE", DEFAULT_IMAGE)
     try:
