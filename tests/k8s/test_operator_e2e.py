@@ -318,7 +318,17 @@ def test_kubecluster_creates_and_deleting_removes_every_child(deployed: Deployme
     def gone() -> bool:
         kinds = "pods,services,deployments,secrets"
         out = deployed.kubectl("get", kinds, "-l", selector, "-o", "json")
-        return deployed.rc("adhoc") is None and json.loads(out.stdout)["items"] == []
+        left = [f"{o['kind']}/{o['metadata']['name']}" for o in json.loads(out.stdout)["items"]]
+        owner = deployed.rc("adhoc")
+        if owner is not None:
+            meta = owner["metadata"]
+            left.append(
+                f"ResourceCluster/adhoc (deletionTimestamp "
+                f"{meta.get('deletionTimestamp')}, finalizers {meta.get('finalizers')})"
+            )
+        if left:
+            raise AssertionError(f"still there: {left}")  # the wait's timeout shows this
+        return True
 
     deployed.wait(gone, "every child of adhoc deleted", timeout=180)
 
