@@ -172,7 +172,7 @@ def _peak_table(
                 worker,
                 name,
                 format_resources({name: amount}).split("=")[1],
-                f"{peak:.3g}",
+                format_resources({name: peak}).split("=")[1],
                 f"{after:g}",
                 "[green]yes[/]" if within else "[red]NO[/]",
             )
