@@ -82,6 +82,11 @@ def explain_no_worker(shape: Shape, workers: Iterable[WorkerState]) -> str:
     )
 
 
+def _live(entry: tuple[int, int, int, TaskState]) -> bool:
+    """A heap entry still stands for its task: queued, and queued by this very push."""
+    return entry[3].state == "queued" and entry[3].queue_token == entry[2]
+
+
 class ReadyQueues:
     """Ready tasks bucketed by demand shape; each bucket ordered by (priority, submission)."""
 
@@ -101,23 +106,10 @@ class ReadyQueues:
     def __len__(self) -> int:
         return sum(len(h) for h in self.by_shape.values())
 
-    def _head(self, shape: Shape) -> TaskState | None:
-        heap = self.by_shape[shape]
-        while heap and (heap[0][3].state != "queued" or heap[0][3].queue_token != heap[0][2]):
-            heapq.heappop(heap)  # lazily drop tasks that left the queue another way
-        if not heap:
-            del self.by_shape[shape]
-            return None
-        return heap[0][3]
-
     def drain(self, shape: Shape) -> list[TaskState]:
         """Remove and return every live queued task of one shape, in queue order."""
         heap = self.by_shape.pop(shape, [])
-        return [
-            entry[3]
-            for entry in sorted(heap)
-            if entry[3].state == "queued" and entry[3].queue_token == entry[2]
-        ]
+        return [entry[3] for entry in sorted(heap) if _live(entry)]
 
     def pop_for(self, ws: WorkerState) -> TaskState | None:
         """Remove and return the most urgent queued task ``ws`` can start now."""
@@ -127,9 +119,8 @@ class ReadyQueues:
         for shape, heap in self.by_shape.items():
             if shape not in fitting or (shape and not fits(shape, free)):
                 continue
-            # Lazily drop tasks that left the queue another way (as _head does).
-            while heap and (heap[0][3].state != "queued" or heap[0][3].queue_token != heap[0][2]):
-                heapq.heappop(heap)
+            while heap and not _live(heap[0]):
+                heapq.heappop(heap)  # lazily drop tasks that left the queue another way
             if not heap:
                 emptied.append(shape)
             # Entries order by (-priority, seq, ...); seq is unique, so tasks never compare.
