@@ -27,9 +27,11 @@ class SerializationError(TypeError):
     """A function, argument or result could not be pickled."""
 
 
-class _ArgsPickler(cloudpickle.Pickler):
+class _DependencyIds:
+    """Pickler mix-in: futures become persistent ids (their keys), collected as dependencies."""
+
     def __init__(self, file: io.BytesIO, dependency_type: type) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[call-arg]
         self.dependency_type = dependency_type
         self.dependencies: dict[str, None] = {}
 
@@ -41,20 +43,12 @@ class _ArgsPickler(cloudpickle.Pickler):
         return None
 
 
-class _PlainArgsPickler(pickle.Pickler):
+class _ArgsPickler(_DependencyIds, cloudpickle.Pickler):
+    """cloudpickle, for arguments that may hold functions, classes or __main__ objects."""
+
+
+class _PlainArgsPickler(_DependencyIds, pickle.Pickler):
     """The C pickler with the same persistent ids, for arguments of plain types only."""
-
-    def __init__(self, file: io.BytesIO, dependency_type: type) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.dependency_type = dependency_type
-        self.dependencies: dict[str, None] = {}
-
-    def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is self.dependency_type:
-            key = obj.key
-            self.dependencies[key] = None
-            return (_DEP_TAG, key)
-        return None
 
 
 # Types that plain pickle writes exactly as cloudpickle does (by value, no references to
