@@ -432,20 +432,9 @@ class Worker:
 
     def _execute(self, task: LocalTask) -> Outcome:
         """Runs in a task thread: returns (ok, value, pickled, traceback)."""
-        set_current(
-            WorkerInfo(
-                self.name,
-                self.address,
-                self.nthreads,
-                dict(self.resources),
-                self.scheduler_address,
-                TaskInfo(task.key, dict(task.shape), task.units),
-            )
-        )
+        context = TaskInfo(task.key, dict(task.shape), task.units)
         try:
-            func = self.functions.loads(task.func)
-            args, kwargs = loads_args(task.args, self._resolve)
-            value = func(*args, **kwargs)
+            value = self._call(task.func, task.args, context)
             payload = dumps_value(value)
             if len(payload) > self.max_result_bytes:
                 raise ValueError(
@@ -457,6 +446,22 @@ class Worker:
         except BaseException as exc:
             data, text = dumps_exception(exc)
             return False, None, data, text
+
+    def _call(self, func: bytes, args: bytes, task: TaskInfo | None) -> Any:
+        """Call a pickled function with its arguments, ``get_worker()`` answering meanwhile."""
+        set_current(
+            WorkerInfo(
+                self.name,
+                self.address,
+                self.nthreads,
+                dict(self.resources),
+                self.scheduler_address,
+                task,
+            )
+        )
+        try:
+            call_args, kwargs = loads_args(args, self._resolve)
+            return self.functions.loads(func)(*call_args, **kwargs)
         finally:
             set_current(None)
 
@@ -483,34 +488,18 @@ class Worker:
                     message["data"] = payload
                 self._send(message)
             else:
-                self._send(
-                    {
-                        "op": "task-erred",
-                        "key": task.key,
-                        "run_id": task.run_id,
-                        "exception": payload,
-                        "traceback": text,
-                    }
-                )
+                self._send(_erred_message(task, payload, text))
         self._start_ready()
 
     async def _on_run(self, message: Message) -> None:
         """``client.run``: call a function in this worker process and answer."""
-        info = WorkerInfo(
-            self.name, self.address, self.nthreads, dict(self.resources), self.scheduler_address
-        )
 
         def call() -> Message:
-            set_current(info)
             try:
-                func = self.functions.loads(message["func"])
-                args, kwargs = loads_args(message["args"], self._resolve)
-                return {"result": dumps_value(func(*args, **kwargs))}
+                return {"result": dumps_value(self._call(message["func"], message["args"], None))}
             except BaseException as exc:
                 data, text = dumps_exception(exc)
                 return {"exception": data, "traceback": text}
-            finally:
-                set_current(None)
 
         reply = await asyncio.get_running_loop().run_in_executor(None, call)
         self._send({"op": "run-result", "id": message["id"], **reply})
@@ -534,13 +523,16 @@ class Worker:
 
 
 def _erred(task: LocalTask, exc: BaseException) -> Message:
-    data, text = dumps_exception(exc)
+    return _erred_message(task, *dumps_exception(exc))
+
+
+def _erred_message(task: LocalTask, exception: bytes, traceback: str) -> Message:
     return {
         "op": "task-erred",
         "key": task.key,
         "run_id": task.run_id,
-        "exception": data,
-        "traceback": text,
+        "exception": exception,
+        "traceback": traceback,
     }
 
 
