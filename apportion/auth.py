@@ -45,6 +45,14 @@ def token_from_environment() -> str | None:
     return read_token_file(str(default)) if default.is_file() else None
 
 
+def connecting_token(token_file: str | None, no_auth: bool) -> str | None:
+    """The token a worker presents: none with ``--no-auth``, else ``--token-file``'s
+    contents, else the environment or the default token file (see token_from_environment)."""
+    if no_auth:
+        return None
+    return read_token_file(token_file) if token_file else token_from_environment()
+
+
 def read_or_create_token_file(path: Path) -> str:
     """The token in ``path``; a new random one, written there readable by us only, if absent."""
     if path.is_file():

@@ -13,7 +13,7 @@ import time
 import click
 
 from apportion import config
-from apportion.auth import read_token_file, scheduler_token, token_from_environment
+from apportion.auth import connecting_token, scheduler_token
 from apportion.backoff import RestartBackoff
 from apportion.process import serve, setup_logging
 from apportion.resources import parse_spec
@@ -154,11 +154,7 @@ def worker(
     setup_logging()
     _apply_tls(tls_cert, tls_key, tls_ca_file)
     try:
-        token = (
-            None
-            if no_auth
-            else (read_token_file(token_file) if token_file else token_from_environment())
-        )
+        token = connecting_token(token_file, no_auth)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     from apportion.worker.server import Worker
