@@ -59,6 +59,32 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def _rows(
+    results: dict[str, Any], signs: tuple[str, str], marks: tuple[str, str]
+) -> list[list[str]]:
+    """One row per metric: label, unit, each system's median, ratios to peers, target.
+
+    ``signs`` are (at least, at most) and ``marks`` (met, missed), as each output spells them.
+    """
+    systems = list(results["medians"])
+    peers = [s for s in systems if s != "apportion"]
+    rows = []
+    for metric in METRICS:
+        row = [metric.label, metric.unit]
+        row += [_fmt(results["medians"][s].get(metric.name)) for s in systems]
+        for peer in peers:
+            ratio = results["ratios"][peer].get(metric.name)
+            row.append(NA if ratio is None else f"{ratio:.2f}x")
+        target = results["targets"].get(metric.name)
+        if target is None:
+            row.append("")
+        else:
+            sign = signs[0] if metric.higher_is_better else signs[1]
+            row.append(f"{sign} {_fmt(target['target'])} {marks[0] if target['met'] else marks[1]}")
+        rows.append(row)
+    return rows
+
+
 def _stem(results: dict[str, Any]) -> str:
     return "quick-" if results["meta"]["quick"] else ""
 
@@ -78,18 +104,7 @@ def markdown(results: dict[str, Any]) -> str:
     head = ["workload", "unit", *(f"{s} {meta['versions'].get(s, '')}" for s in systems)]
     head += [f"x {p}" for p in peers] + ["target"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for metric in METRICS:
-        row = [metric.label, metric.unit]
-        row += [_fmt(results["medians"][s].get(metric.name)) for s in systems]
-        for peer in peers:
-            ratio = results["ratios"][peer].get(metric.name)
-            row.append(NA if ratio is None else f"{ratio:.2f}x")
-        target = results["targets"].get(metric.name)
-        if target is None:
-            row.append("")
-        else:
-            sign = ">=" if metric.higher_is_better else "<="
-            row.append(f"{sign} {_fmt(target['target'])} {'met' if target['met'] else 'MISSED'}")
+    for row in _rows(results, (">=", "<="), ("met", "MISSED")):
         lines.append("| " + " | ".join(row) + " |")
     quick = ", quick sizes" if meta["quick"] else ""
     lines += [
@@ -120,19 +135,7 @@ def print_table(results: dict[str, Any]) -> None:
     for peer in peers:
         table.add_column(f"x {peer}", justify="right")
     table.add_column("target", justify="right")
-    for metric in METRICS:
-        row = [metric.label, metric.unit]
-        row += [_fmt(results["medians"][s].get(metric.name)) for s in systems]
-        for peer in peers:
-            ratio = results["ratios"][peer].get(metric.name)
-            row.append(NA if ratio is None else f"{ratio:.2f}x")
-        target = results["targets"].get(metric.name)
-        if target is None:
-            row.append("")
-        else:
-            sign = "≥" if metric.higher_is_better else "≤"
-            mark = "[green]✓[/]" if target["met"] else "[red]✗[/]"
-            row.append(f"{sign} {_fmt(target['target'])} {mark}")
+    for row in _rows(results, ("≥", "≤"), ("[green]✓[/]", "[red]✗[/]")):
         table.add_row(*row)
     Console(width=170).print(table)
     print("x peer: apportion's advantage (>1 = apportion better; for times, peer/apportion)")
