@@ -15,9 +15,9 @@ from __future__ import annotations
 import gc
 import logging
 import time
-import tracemalloc
 from typing import Any
 
+from benchmarks.memory import retained_bytes
 from benchmarks.scheduler_only import DEMANDS
 from benchmarks.workloads import SEED_WORKERS, Sizes
 
@@ -134,15 +134,8 @@ def run_dask(sizes: Sizes) -> dict[str, float]:
     elapsed = time.perf_counter() - start
     assert placed == n, f"dask scheduler-only: placed {placed} of {n}"
     state = _state(sizes.sched_workers)
-    gc.collect()
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    _submit(state, n)
-    gc.collect()
-    after = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
     return {
         "sched_placements_per_s": n / elapsed,
-        "sched_bytes_per_pending_task": (after - before) / n,
+        "sched_bytes_per_pending_task": retained_bytes(lambda: _submit(state, n)) / n,
         "sched_tasks_measured": n,
     }

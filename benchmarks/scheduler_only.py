@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import gc
 import time
-import tracemalloc
 from typing import Any
 
+from benchmarks.memory import retained_bytes
 from benchmarks.workloads import SEED_WORKERS, Sizes
 
 DEMANDS: list[dict[str, float]] = [
@@ -89,15 +89,12 @@ def run_apportion(sizes: Sizes) -> dict[str, float]:
     assert placed == n, f"scheduler-only: placed {placed} of {n}"
     # Memory per pending task: submit everything, keep the initial placements in flight.
     state, specs = _state(sizes.sched_workers), _specs(n)
-    gc.collect()
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    state.handle_submit("c", specs)
-    state.take_outbox()
-    gc.collect()
-    after = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
+
+    def submit_all() -> None:
+        state.handle_submit("c", specs)
+        state.take_outbox()
+
     return {
         "sched_placements_per_s": n / elapsed,
-        "sched_bytes_per_pending_task": (after - before) / n,
+        "sched_bytes_per_pending_task": retained_bytes(submit_all) / n,
     }
