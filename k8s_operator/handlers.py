@@ -79,11 +79,13 @@ def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     token = _ensure_token(spec, body)
     kube.apply(scheduler_deployment(spec, body))
     kube.apply(scheduler_service(spec, body))
-    scheduler_ip = _scheduler_ip(spec)
+    # One listing serves the scheduler lookup, this cluster's workers and the names in use.
+    everything = kube.list_pods(namespace, {})
+    scheduler_ip = _scheduler_ip(_matching(everything, selector(spec, "scheduler")))
     info = kube.scheduler_info(scheduler_ip, spec.http_port) if scheduler_ip else None
-    pods = kube.list_pods(namespace, {LABEL_CLUSTER: name, "app.kubernetes.io/component": "worker"})
+    pods = _matching(everything, {LABEL_CLUSTER: name, "app.kubernetes.io/component": "worker"})
     connected = {w["name"] for w in (info or {}).get("workers", {}).values()}
-    taken = {p["metadata"]["name"] for p in kube.list_pods(namespace, {})}
+    taken = {p["metadata"]["name"] for p in everything}
     failures = _carry_out(spec, body, plan(spec, pods, connected, taken), scheduler_ip, token)
     status = compute_status(spec, pods, info, previous, generation, _now(), failures)
     _announce_failures(body, previous, failures)
@@ -98,8 +100,17 @@ def _ensure_token(spec: ClusterSpec, owner: Mapping[str, Any]) -> str | None:
     return kube.read_token(spec.namespace, secret_name(spec), TOKEN_KEY)
 
 
-def _scheduler_ip(spec: ClusterSpec) -> str | None:
-    for pod in kube.list_pods(spec.namespace, selector(spec, "scheduler")):
+def _matching(pods: list[dict[str, Any]], labels: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The pods carrying all of ``labels`` (a label selector, applied locally)."""
+    return [
+        p
+        for p in pods
+        if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())
+    ]
+
+
+def _scheduler_ip(scheduler_pods: list[dict[str, Any]]) -> str | None:
+    for pod in scheduler_pods:
         ip = (pod.get("status") or {}).get("podIP")
         if ip and pod_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
             return str(ip)
