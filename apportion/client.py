@@ -105,6 +105,7 @@ class Client:
         try:
             self.id = self._io.run(self._connect(timeout), timeout + 5)
         except BaseException:
+            self._closed = True  # nothing left to shut down, now or in __del__
             self._io.stop()
             raise
 
@@ -509,10 +510,16 @@ class Client:
         self.close()
 
     def __del__(self) -> None:
+        # A finalizer may run on any thread, even another client's I/O thread: never wait
+        # here (close() would), just tell our own I/O thread to stop.
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
         try:
-            self.close()
+            self._io.loop.call_soon_threadsafe(self._comm.close)
+            self._io.loop.call_soon_threadsafe(self._io.loop.stop)
         except Exception:
-            pass
+            pass  # the loop is already closed, or the interpreter is shutting down
 
     def __repr__(self) -> str:
         return f"<Client {self.id if hasattr(self, 'id') else '?'} -> {self.scheduler_address}>"

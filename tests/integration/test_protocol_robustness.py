@@ -88,3 +88,13 @@ def test_wrong_or_missing_token_is_refused_clearly(seed_cluster) -> None:
         Client(seed_cluster.scheduler_address, token="not-the-token")
     with pytest.raises(ConnectionRefusedError, match="authentication failed: no token"):
         Client(seed_cluster.scheduler_address, token="")
+
+
+def test_a_refused_client_is_closed_so_its_finalizer_has_nothing_to_wait_for(seed_cluster) -> None:
+    # Its __del__ may later run on another client's I/O thread; it must not block that one.
+    refused = Client.__new__(Client)
+    with pytest.raises(ConnectionRefusedError):
+        refused.__init__(seed_cluster.scheduler_address, token="not-the-token")
+    assert refused._closed
+    assert not refused._io.thread.is_alive()
+    refused.__del__()  # returns at once: nothing to shut down
