@@ -106,7 +106,7 @@ class KubeCluster:
             return False
         groups = status.get("workerGroups") or []
         return status.get("phase") == "Running" and all(
-            g["connectedWorkers"] == g["replicas"] == g["currentReplicas"] for g in groups
+            g["connectedWorkers"] == g["desiredReplicas"] == g["currentReplicas"] for g in groups
         )
 
     def _wait(self, condition: Callable[[], bool], what: str) -> None:
@@ -155,9 +155,33 @@ class KubeCluster:
 
     # ----------------------------------------------------------------- scaling
     def scale(self, n: int, group: str | None = None) -> None:
-        """Set a worker group's replicas and wait until exactly that many are connected."""
+        """Fix a worker group's size (autoscaling off) and wait until exactly that many
+        workers are connected."""
         if n < 0:
             raise ValueError(f"replicas must be >= 0, got {n}")
+        group = self._patch_group(group, {"replicas": n})
+        self._wait(self._all_connected, f"{n} workers in group {group}")
+
+    def adapt(
+        self,
+        minimum: int = 0,
+        maximum: int = 1,
+        group: str | None = None,
+        idle_timeout: int | None = None,
+    ) -> None:
+        """Let the operator size a worker group between ``minimum`` and ``maximum`` from
+        the tasks waiting for its resources, retiring workers idle for ``idle_timeout``
+        seconds (the operator's default when None)."""
+        if not 0 <= minimum <= maximum:
+            raise ValueError(f"need 0 <= minimum <= maximum, got {minimum} and {maximum}")
+        bounds: dict[str, int] = {"minReplicas": minimum, "maxReplicas": maximum}
+        if idle_timeout is not None:
+            bounds["idleTimeoutSeconds"] = idle_timeout
+        self._patch_group(group, bounds)
+
+    def _patch_group(self, group: str | None, sizing: dict[str, int]) -> str:
+        """Replace a group's sizing fields (replicas, or the autoscaling bounds); returns
+        the group's name."""
         found = self.resource()
         groups = found["spec"].get("workerGroups") or []
         names = [g["name"] for g in groups]
@@ -167,7 +191,10 @@ class KubeCluster:
             group = names[0]
         if group not in names:
             raise ValueError(f"no worker group {group!r}; groups are {names}")
-        groups[names.index(group)]["replicas"] = n
+        chosen = groups[names.index(group)]
+        for key in ("replicas", "minReplicas", "maxReplicas", "idleTimeoutSeconds"):
+            chosen.pop(key, None)
+        chosen.update(sizing)
         # A merge patch replaces the whole list; resourceVersion makes a concurrent edit fail.
         self._custom.patch_namespaced_custom_object(
             GROUP,
@@ -180,7 +207,7 @@ class KubeCluster:
                 "spec": {"workerGroups": groups},
             },
         )
-        self._wait(self._all_connected, f"{n} workers in group {group}")
+        return group
 
     # --------------------------------------------------------------- lifecycle
     def close(self) -> None:

@@ -8,14 +8,17 @@ short timer so status and scaling follow what happens in the cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 from apportion.operator import kube
+from apportion.operator.autoscale import Scaling, decide, observe, unmet_demand
 from apportion.operator.manifests import (
     GROUP,
     LABEL_CLUSTER,
@@ -86,11 +89,77 @@ def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     pods = _matching(everything, {LABEL_CLUSTER: name, "app.kubernetes.io/component": "worker"})
     connected = {w["name"] for w in (info or {}).get("workers", {}).values()}
     taken = {p["metadata"]["name"] for p in everything}
+    scaling = None
+    if info is not None:  # without the scheduler, idleness and demand are unknown
+        spec, scaling, removed = _autoscale(spec, body, pods, info, previous, scheduler_ip, token)
+        pods = [p for p in pods if p["metadata"]["name"] not in removed]
     failures = _carry_out(spec, body, plan(spec, pods, connected, taken), scheduler_ip, token)
-    status = compute_status(spec, pods, info, previous, generation, _now(), failures)
+    status = compute_status(spec, pods, info, previous, generation, _now(), failures, scaling)
     _announce_failures(body, previous, failures)
     _announce_unmet_demand(body, previous, status)
     _write_status(patch, previous, status)
+
+
+def _autoscale(
+    spec: ClusterSpec,
+    owner: Mapping[str, Any],
+    pods: list[dict[str, Any]],
+    info: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    scheduler_ip: str | None,
+    token: str | None,
+) -> tuple[ClusterSpec, Scaling, set[str]]:
+    """Decide each autoscaled group's size, remove the workers chosen to go, and return
+    the spec with those sizes, what was decided, and the pods removed."""
+    before = {
+        g["name"]: int(g["desiredReplicas"])
+        for g in previous.get("workerGroups") or []
+        if "desiredReplicas" in g
+    }
+    views, demand = observe(spec, pods, info, before, time.time())
+    decision = decide(views, demand)
+    connected = {w["name"] for w in info.get("workers", {}).values()}
+    removed: set[str] = set()
+    for group, names in decision.remove.items():
+        gone = _remove_workers(spec, names, connected, scheduler_ip, token)
+        removed |= gone
+        decision.targets[group] += len(names) - len(gone)  # kept workers stay counted
+    desired = {v.name: v.desired for v in views}
+    for group, reason in decision.reasons.items():
+        if decision.targets[group] != desired[group]:
+            verb = "ScaledUp" if decision.targets[group] > desired[group] else "ScaledDown"
+            kopf.info(
+                owner,
+                reason=verb,
+                message=f"group {group}: {desired[group]} -> {decision.targets[group]} "
+                f"worker(s): {reason}",
+            )
+    sized = dataclasses.replace(
+        spec,
+        groups=[
+            dataclasses.replace(g, replicas=decision.targets.get(g.name, g.replicas))
+            for g in spec.groups
+        ],
+    )
+    return sized, Scaling(decision, desired, unmet_demand(decision, views, info)), removed
+
+
+def _remove_workers(
+    spec: ClusterSpec,
+    names: list[str],
+    connected: set[str],
+    scheduler_ip: str | None,
+    token: str | None,
+) -> set[str]:
+    """Delete pods that never connected; retire connected workers through the scheduler
+    (it moves their data off first) and delete those it let go. Returns the deleted."""
+    gone = {n for n in names if n not in connected}
+    workers = [n for n in names if n in connected]
+    if workers and scheduler_ip is not None:
+        gone |= set(kube.retire(scheduler_ip, spec.http_port, token, workers, len(workers)))
+    for pod_name in sorted(gone):
+        kube.delete_pod(spec.namespace, pod_name)
+    return gone
 
 
 def _ensure_token(spec: ClusterSpec, owner: Mapping[str, Any]) -> str | None:

@@ -18,6 +18,7 @@ from apportion.resources import format_resources
 
 DEFAULT_IMAGE = "apportion:0.1.0"
 DEFAULT_RESOURCE_MAP = {"GPU": "nvidia.com/gpu", "MEMORY": "memory"}
+DEFAULT_IDLE_TIMEOUT = 60.0  # seconds a worker of an autoscaled group may idle before removal
 # Kubernetes resource names: an optional DNS-subdomain prefix, then a name.
 _K8S_RESOURCE = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -60,6 +61,14 @@ class GroupSpec:
     # Container requests/limits the pod must carry (from the declared, mapped resources).
     limits: dict[str, str]
     template: dict[str, Any] = field(default_factory=dict)
+    # Autoscaling bounds; equal (both ``replicas``) for a group of fixed size.
+    min_replicas: int = 0
+    max_replicas: int = 0
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.min_replicas != self.max_replicas
 
 
 @dataclass(frozen=True)
@@ -155,9 +164,49 @@ def _group(raw: Mapping[str, Any], resource_map: Mapping[str, str]) -> GroupSpec
             advertised[abstract] = parse_quantity(quantity)  # a limit nobody declared
     if problems:
         raise InvalidSpec("; ".join(problems))
+    replicas, low, high, idle_timeout = _sizing(raw)
     return GroupSpec(
-        name, int(raw.get("replicas", 1)), int(raw.get("nthreads", 1)), advertised, limits, template
+        name,
+        replicas,
+        int(raw.get("nthreads", 1)),
+        advertised,
+        limits,
+        template,
+        min_replicas=low,
+        max_replicas=high,
+        idle_timeout=idle_timeout,
     )
+
+
+def _sizing(raw: Mapping[str, Any]) -> tuple[int, int, int, float]:
+    """(starting replicas, minReplicas, maxReplicas, idle timeout) of a group.
+
+    ``replicas`` fixes the size; ``minReplicas``/``maxReplicas`` hand it to the autoscaler,
+    which starts at the minimum. The API server's schema rules say the same; they are
+    checked here too so a spec that bypassed them gets a precise condition, not a crash.
+    """
+    name = raw["name"]
+    autoscaling = [k for k in ("minReplicas", "maxReplicas", "idleTimeoutSeconds") if k in raw]
+    if not autoscaling:
+        replicas = int(raw.get("replicas", 1))
+        return replicas, replicas, replicas, DEFAULT_IDLE_TIMEOUT
+    if "replicas" in raw:
+        raise InvalidSpec(
+            f"group {name!r} sets replicas and {', '.join(autoscaling)}: replicas fixes the "
+            "size, minReplicas/maxReplicas let the operator choose it; keep one of them"
+        )
+    if "maxReplicas" not in raw:
+        raise InvalidSpec(f"group {name!r} sets {', '.join(autoscaling)} without maxReplicas")
+    low, high = int(raw.get("minReplicas", 0)), int(raw["maxReplicas"])
+    if not 0 <= low <= high:
+        raise InvalidSpec(
+            f"group {name!r}: minReplicas={low} and maxReplicas={high} need "
+            "0 <= minReplicas <= maxReplicas"
+        )
+    idle_timeout = float(raw.get("idleTimeoutSeconds", DEFAULT_IDLE_TIMEOUT))
+    if idle_timeout < 0:
+        raise InvalidSpec(f"group {name!r}: idleTimeoutSeconds must be >= 0, not {idle_timeout:g}")
+    return low, low, high, idle_timeout
 
 
 def parse(

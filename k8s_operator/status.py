@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from apportion.operator.autoscale import Scaling
 from apportion.operator.manifests import HASH_ANNOTATION, LABEL_GROUP, group_hash
-from apportion.operator.spec import ClusterSpec
+from apportion.operator.spec import ClusterSpec, GroupSpec
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -71,11 +72,14 @@ def compute_status(
     generation: int | None,
     now: str,
     failures: list[str] | None = None,
+    scaling: Scaling | None = None,
 ) -> dict[str, Any]:
-    """``failures``: what the API server refused this round (e.g. pods over a quota)."""
+    """``failures``: what the API server refused this round (e.g. pods over a quota);
+    ``scaling``: this round's autoscaling (None when the scheduler was not reachable)."""
     workers = list((info or {}).get("workers", {}).values())
     by_name = {w["name"]: w for w in workers}
     groups, desired, connected_total, all_settled = [], 0, 0, True
+    only_scaling = True  # every group short of its target is autoscaled and can be placed
     for group in spec.groups:
         mine = [
             p
@@ -97,7 +101,7 @@ def compute_status(
         groups.append(
             {
                 "name": group.name,
-                "replicas": group.replicas,
+                "desiredReplicas": group.replicas,
                 "currentReplicas": len(mine),
                 "updatedReplicas": len(updated),
                 "readyReplicas": sum(pod_ready(p) for p in mine),
@@ -106,6 +110,8 @@ def compute_status(
                 "usedResources": _sum([w.get("used_resources", {}) for w in connected]),
             }
         )
+        if group.autoscaled:
+            groups[-1].update(_autoscaling_status(group, previous, scaling, now))
         stuck = sorted({why for why in map(unschedulable, mine) if why})
         if stuck:
             groups[-1]["unschedulable"] = stuck
@@ -113,11 +119,15 @@ def compute_status(
         settled = len(mine) == len(updated) == group.replicas
         connected_total += min(updated_connected, group.replicas)
         all_settled = all_settled and settled
+        if not settled or updated_connected < group.replicas:
+            only_scaling = only_scaling and group.autoscaled and not stuck
     reachable = info is not None
     complete = reachable and connected_total == desired and all_settled
-    was_running = previous.get("phase") in ("Running", "Degraded")
+    was_running = previous.get("phase") in ("Running", "Degraded", "Scaling")
     if complete:
         phase = "Running"
+    elif was_running and reachable and only_scaling:
+        phase = "Scaling"  # the autoscaler is adding or removing workers: nothing is wrong
     elif was_running:
         phase = "Degraded"
     else:
@@ -143,10 +153,8 @@ def compute_status(
         "schedulerAddress": spec.scheduler_address,
         "workers": f"{connected_total}/{desired}",
         "workerGroups": groups,
-        "unmetDemand": [
-            {"resources": d["resources"], "tasks": d["tasks"], "why": d.get("why")}
-            for d in (info or {}).get("no_worker", [])
-        ],
+        "unmetDemand": _unmet(info, scaling),
+        **_last_decision(groups, previous),
         "conditions": [
             _condition(previous, "Valid", True, "SpecAccepted", "the spec is valid", now),
             _condition(previous, "Ready", complete, reason, message, now),
@@ -160,3 +168,42 @@ def compute_status(
             ),
         ],
     }
+
+
+def _unmet(info: Mapping[str, Any] | None, scaling: Scaling | None) -> list[dict[str, Any]]:
+    if scaling is not None:
+        return scaling.unmet
+    return [
+        {"resources": d["resources"], "tasks": d["tasks"], "why": d.get("why")}
+        for d in (info or {}).get("no_worker", [])
+    ]
+
+
+def _autoscaling_status(
+    group: GroupSpec, previous: Mapping[str, Any], scaling: Scaling | None, now: str
+) -> dict[str, Any]:
+    """Bounds and the last scaling decision of an autoscaled group (kept until the next)."""
+    old = next((g for g in previous.get("workerGroups") or [] if g.get("name") == group.name), {})
+    fields: dict[str, Any] = {
+        "minReplicas": group.min_replicas,
+        "maxReplicas": group.max_replicas,
+        "idleTimeoutSeconds": group.idle_timeout,
+    }
+    last = old.get("lastScale")
+    if scaling is not None:
+        before = scaling.before.get(group.name, group.replicas)
+        reason = scaling.decision.reasons.get(group.name)
+        if reason and before != group.replicas:
+            last = {"time": now, "from": before, "to": group.replicas, "reason": reason}
+    if last:
+        fields["lastScale"] = last
+    return fields
+
+
+def _last_decision(groups: list[dict[str, Any]], previous: Mapping[str, Any]) -> dict[str, Any]:
+    """The most recent scaling decision of any group, for ``kubectl get -o yaml`` readers."""
+    decisions = [{"group": g["name"], **g["lastScale"]} for g in groups if g.get("lastScale")]
+    if not decisions:
+        last = previous.get("lastScalingDecision")
+        return {"lastScalingDecision": last} if last else {}
+    return {"lastScalingDecision": max(decisions, key=lambda d: (d["time"], d["group"]))}

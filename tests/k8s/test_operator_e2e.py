@@ -183,7 +183,7 @@ def test_example_cluster_reaches_running_with_gpu_workers_on_gpu_nodes(
     (highmem,) = pipeline.pods("apportion.dev/group=highmem")
     assert highmem["spec"]["nodeName"] == "highmem-node"
     for group in status["workerGroups"]:
-        assert group["readyReplicas"] == group["replicas"]
+        assert group["readyReplicas"] == group["desiredReplicas"]
     printed = pipeline.kubectl("get", "rcluster", "pipeline").stdout
     assert "Running" in printed and "3/3" in printed
 

@@ -147,7 +147,12 @@ def test_crd_worker_groups_schema() -> None:
     assert props["name"]["pattern"] == GROUP_NAME.pattern
     assert props["name"]["maxLength"] == 40
     assert (props["replicas"]["type"], props["replicas"]["minimum"]) == ("integer", 0)
-    assert props["replicas"]["default"] == 1
+    # No schema default: the CEL rules must tell a fixed size from autoscaling bounds.
+    assert "default" not in props["replicas"]
+    for bound in ("minReplicas", "maxReplicas", "idleTimeoutSeconds"):
+        assert (props[bound]["type"], props[bound]["minimum"]) == ("integer", 0)
+    rules = [r["rule"] for r in item["x-kubernetes-validations"]]
+    assert any("minReplicas <= self.maxReplicas" in r for r in rules)
     assert (props["nthreads"]["type"], props["nthreads"]["minimum"]) == ("integer", 1)
     assert props["nthreads"]["default"] == 1
     assert props["template"]["x-kubernetes-preserve-unknown-fields"] is True

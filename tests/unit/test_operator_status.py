@@ -197,7 +197,7 @@ def test_group_status_counts_pods_readiness_and_connections() -> None:
     assert status["workerGroups"] == [
         {
             "name": "a",
-            "replicas": 3,
+            "desiredReplicas": 3,
             "currentReplicas": 3,
             "updatedReplicas": 3,
             "readyReplicas": 2,
