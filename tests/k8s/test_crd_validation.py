@@ -93,7 +93,8 @@ def test_minimal_cluster_gets_every_default(crd: Cluster, k8s_namespace: str) ->
     assert bare["auth"] == {"enabled": True}
     assert "workerGroups" not in bare  # zero groups is valid
     (group,) = get_rc(crd, "one-group", k8s_namespace)["spec"]["workerGroups"]
-    assert group == {"name": "cpu", "replicas": 1, "nthreads": 1}
+    # No replicas default: a group may be autoscaled instead (the operator fixes 1).
+    assert group == {"name": "cpu", "nthreads": 1}
 
 
 def test_kubectl_number_forms(crd: Cluster, k8s_namespace: str) -> None:
@@ -164,6 +165,22 @@ REJECTED = {
     "missing-group-name": (
         [{"replicas": 1}],
         ["spec.workerGroups[0].name: Required value"],
+    ),
+    "replicas-and-bounds": (
+        [{"name": "gpu", "replicas": 2, "maxReplicas": 4}],
+        ["spec.workerGroups[0]", "replicas fixes the group's size"],
+    ),
+    "bounds-without-max": (
+        [{"name": "gpu", "minReplicas": 1}],
+        ["spec.workerGroups[0]", "autoscaling needs maxReplicas"],
+    ),
+    "min-above-max": (
+        [{"name": "gpu", "minReplicas": 3, "maxReplicas": 2}],
+        ["spec.workerGroups[0]", "minReplicas must not exceed maxReplicas"],
+    ),
+    "negative-idle-timeout": (
+        [{"name": "gpu", "maxReplicas": 2, "idleTimeoutSeconds": -1}],
+        ["spec.workerGroups[0].idleTimeoutSeconds", "should be greater than or equal to 0"],
     ),
 }
 
@@ -356,3 +373,14 @@ def test_helm_install_namespaced_rbac(crd: Cluster, k8s_namespace: str, release:
             assert not can_i(crd, sa, verb, resource, "-n", watched, *extra), (verb, resource)
     finally:
         crd.client.delete(f"/api/v1/namespaces/{watched}")
+
+
+def test_api_server_accepts_autoscaled_groups(crd: Cluster, k8s_namespace: str) -> None:
+    groups = [
+        {"name": "gpu", "maxReplicas": 4, "idleTimeoutSeconds": 30, "resources": {"GPU": 2}},
+        {"name": "cpu", "minReplicas": 2, "maxReplicas": 2},
+        {"name": "highmem", "replicas": 0},
+    ]
+    crd.apply(resource_cluster("elastic", {"workerGroups": groups}), namespace=k8s_namespace)
+    stored = get_rc(crd, "elastic", k8s_namespace)["spec"]["workerGroups"]
+    assert [g.get("maxReplicas") for g in stored] == [4, 2, None]

@@ -1,0 +1,114 @@
+"""A helm-installed operator watching a namespace of its own, for end-to-end tests.
+
+Each test module deploys its own (``deploy_operator``), so modules do not share clusters,
+and removes everything it made afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .controlplane import REPO_ROOT, Cluster
+
+CRD_FILE = REPO_ROOT / "crds" / "resourceclusters.apportion.dev.yaml"
+CHART = REPO_ROOT / "charts" / "apportion"
+
+Obj = dict[str, Any]
+
+
+class Deployment:
+    """A helm-installed operator watching one namespace, and helpers on that namespace."""
+
+    def __init__(self, cluster: Cluster, namespace: str, system: str) -> None:
+        self.k8s = cluster
+        self.namespace = namespace
+        self.system = system  # where the operator runs
+
+    def kubectl(self, *args: str, **kwargs: Any) -> Any:
+        return self.k8s.kubectl(*args, "-n", self.namespace, **kwargs)
+
+    def rc(self, name: str) -> Obj | None:
+        found = self.kubectl("get", "resourceclusters", name, "-o", "json", check=False)
+        return json.loads(found.stdout) if found.returncode == 0 else None
+
+    def status(self, name: str) -> Obj:
+        return (self.rc(name) or {}).get("status") or {}
+
+    def group(self, name: str, group: str) -> Obj:
+        return next(
+            (g for g in self.status(name).get("workerGroups", []) if g["name"] == group), {}
+        )
+
+    def pods(self, selector: str) -> list[Obj]:
+        out = self.kubectl("get", "pods", "-l", selector, "-o", "json")
+        return [
+            p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def events(self, reason: str) -> list[str]:
+        out = self.kubectl("get", "events", "--field-selector", f"reason={reason}", "-o", "json")
+        return [e.get("message", "") for e in json.loads(out.stdout)["items"]]
+
+    def wait(self, condition: Any, what: str, timeout: float = 120) -> Any:
+        return self.k8s.wait_for(condition, what, timeout=timeout)
+
+    def wait_running(self, name: str, groups: dict[str, int]) -> Obj:
+        def ready() -> Obj | None:
+            status = self.status(name)
+            found = {g["name"]: g for g in status.get("workerGroups", [])}
+            ok = status.get("phase") == "Running" and all(
+                found.get(g, {}).get("connectedWorkers") == n
+                and found.get(g, {}).get("currentReplicas") == n
+                for g, n in groups.items()
+            )
+            return status if ok else None
+
+        return self.wait(ready, f"{name} Running with {groups}", timeout=180)
+
+
+@contextmanager
+def deploy_operator(k8s_cluster: Cluster) -> Iterator[Deployment]:
+    suffix = uuid.uuid4().hex[:5]
+    system, target, release = f"apportion-system-{suffix}", f"pipelines-{suffix}", f"op-{suffix}"
+    for namespace in (system, target):
+        k8s_cluster.kubectl("create", "namespace", namespace)
+        k8s_cluster.wait_for(
+            lambda ns=namespace: k8s_cluster.client.get_or_none(
+                f"/api/v1/namespaces/{ns}/serviceaccounts/default"
+            ),
+            f"{namespace} ready",
+            60,
+        )
+    k8s_cluster.kubectl("apply", "-f", str(CRD_FILE))
+    k8s_cluster.helm(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        system,
+        "--set",
+        f"watch.namespaces={{{target}}}",
+        "--wait",
+        "--timeout",
+        "3m",
+    )
+    try:
+        yield Deployment(k8s_cluster, target, system)
+    finally:
+        k8s_cluster.kubectl(
+            "delete",
+            "resourceclusters",
+            "--all",
+            "-n",
+            target,
+            "--wait=true",
+            check=False,
+            timeout=120,
+        )
+        k8s_cluster.helm("uninstall", release, "-n", system, check=False)
+        for namespace in (target, system):
+            k8s_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
