@@ -456,3 +456,14 @@ def test_pod_commands_are_cli_entry_points() -> None:
     if command[1] not in subcommands:
         pytest.skip(f"{command[1]} command not yet merged")
     assert command[1] in subcommands
+
+
+def test_autoscaling_example_parses_into_an_autoscaled_gpu_group() -> None:
+    from apportion.operator.spec import parse
+
+    example = yaml.safe_load((ROOT / "examples" / "autoscaling-cluster.yaml").read_text())
+    spec = parse(example["metadata"]["name"], "default", example["spec"])
+    gpu, highmem = spec.groups
+    assert (gpu.autoscaled, gpu.min_replicas, gpu.max_replicas) == (True, 0, 4)
+    assert (gpu.idle_timeout, gpu.replicas, gpu.limits) == (120, 0, {"nvidia.com/gpu": "2"})
+    assert (highmem.autoscaled, highmem.replicas) == (False, 1)
