@@ -105,8 +105,12 @@ class KubeCluster:
         if status.get("observedGeneration") != found["metadata"].get("generation"):
             return False
         groups = status.get("workerGroups") or []
-        return status.get("phase") == "Running" and all(
-            g["connectedWorkers"] == g["desiredReplicas"] == g["currentReplicas"] for g in groups
+        # Autoscaled groups (they report maxReplicas) come and go with the work: "Scaling"
+        # is a settled cluster for them, and only fixed-size groups must be complete.
+        return status.get("phase") in ("Running", "Scaling") and all(
+            g["connectedWorkers"] == g["desiredReplicas"] == g["currentReplicas"]
+            for g in groups
+            if "maxReplicas" not in g
         )
 
     def _wait(self, condition: Callable[[], bool], what: str) -> None:
