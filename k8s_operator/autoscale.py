@@ -182,9 +182,10 @@ def _bounded(group: GroupView, target: int) -> int:
 
 def _grow(group: GroupView, taken: int, tasks: int, decision: ScaleDecision) -> None:
     # Pods wanted but not connected yet (starting) are already part of ``desired``.
-    target = _bounded(group, max(group.desired, len(group.connected) + taken))
+    wanted = max(group.desired, len(group.connected) + taken)
+    target = _bounded(group, wanted)
     decision.targets[group.name] = target
-    if target > group.desired:
+    if target > group.desired and wanted >= target:  # not just raised to minReplicas
         per_pod = format_resources(dict(group.resources)) or "no resources"
         decision.reasons[group.name] = (
             f"{tasks} waiting task(s) fit {group.name} ({per_pod} per pod)"
