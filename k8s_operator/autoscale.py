@@ -186,7 +186,8 @@ def _grow(group: GroupView, taken: int, tasks: int, decision: ScaleDecision) -> 
     target = _bounded(group, wanted)
     decision.targets[group.name] = target
     if target > group.desired and wanted >= target:  # not just raised to minReplicas
-        per_pod = format_resources(dict(group.resources)) or "no resources"
+        # format_resources writes "-" for nothing at all.
+        per_pod = format_resources(dict(group.resources)) if group.resources else "no resources"
         decision.reasons[group.name] = (
             f"{tasks} waiting task(s) fit {group.name} ({per_pod} per pod)"
         )
