@@ -5,6 +5,7 @@ Pure functions only: no cluster, no network.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -474,3 +475,92 @@ def test_a_name_children_cannot_carry_is_rejected_as_invalid(name: str) -> None:
     assert _DNS1035.match(scheduler_service(spec, owner)["metadata"]["name"])
     assert len(scheduler_service(spec, owner)["metadata"]["name"]) <= 63
     assert all(len(v) <= 63 and _LABEL_VALUE.match(v) for v in labels(spec, "scheduler").values())
+
+
+# --------------------------------------------------------------------------- autoscaling bounds
+
+
+@pytest.mark.parametrize(
+    ("sizing", "replicas", "low", "high", "timeout", "autoscaled"),
+    [
+        ({}, 1, 1, 1, 60.0, False),
+        ({"replicas": 3}, 3, 3, 3, 60.0, False),
+        ({"replicas": 0}, 0, 0, 0, 60.0, False),
+        ({"maxReplicas": 4}, 0, 0, 4, 60.0, True),  # minReplicas defaults to 0
+        ({"minReplicas": 1, "maxReplicas": 4}, 1, 1, 4, 60.0, True),  # starts at the minimum
+        ({"maxReplicas": 4, "idleTimeoutSeconds": 300}, 0, 0, 4, 300.0, True),
+        ({"maxReplicas": 4, "idleTimeoutSeconds": 0}, 0, 0, 4, 0.0, True),
+        ({"maxReplicas": 4, "idleTimeoutSeconds": 2.5}, 0, 0, 4, 2.5, True),
+        # Equal bounds fix the size: not autoscaled.
+        ({"minReplicas": 2, "maxReplicas": 2}, 2, 2, 2, 60.0, False),
+        ({"minReplicas": 0, "maxReplicas": 0}, 0, 0, 0, 60.0, False),
+    ],
+)
+def test_a_group_is_fixed_by_replicas_or_autoscaled_within_its_bounds(
+    sizing: dict[str, Any], replicas: int, low: int, high: int, timeout: float, autoscaled: bool
+) -> None:
+    group = parse_group(**sizing)
+    assert (group.replicas, group.min_replicas, group.max_replicas) == (replicas, low, high)
+    assert group.idle_timeout == timeout
+    assert group.autoscaled is autoscaled
+
+
+@pytest.mark.parametrize(
+    ("sizing", "message"),
+    [
+        (
+            {"replicas": 2, "maxReplicas": 4},
+            "group 'g' sets replicas and maxReplicas: replicas fixes the size, "
+            "minReplicas/maxReplicas let the operator choose it; keep one of them",
+        ),
+        (
+            {"replicas": 2, "minReplicas": 1, "maxReplicas": 4, "idleTimeoutSeconds": 5},
+            "group 'g' sets replicas and minReplicas, maxReplicas, idleTimeoutSeconds: ",
+        ),
+        ({"replicas": 2, "idleTimeoutSeconds": 5}, "sets replicas and idleTimeoutSeconds: "),
+        ({"minReplicas": 1}, "group 'g' sets minReplicas without maxReplicas"),
+        ({"idleTimeoutSeconds": 30}, "group 'g' sets idleTimeoutSeconds without maxReplicas"),
+        (
+            {"minReplicas": 1, "idleTimeoutSeconds": 30},
+            "group 'g' sets minReplicas, idleTimeoutSeconds without maxReplicas",
+        ),
+        (
+            {"minReplicas": 5, "maxReplicas": 2},
+            "group 'g': minReplicas=5 and maxReplicas=2 need 0 <= minReplicas <= maxReplicas",
+        ),
+        ({"minReplicas": -1, "maxReplicas": 2}, "minReplicas=-1 and maxReplicas=2 need"),
+        ({"maxReplicas": -1}, "minReplicas=0 and maxReplicas=-1 need"),
+        (
+            {"maxReplicas": 3, "idleTimeoutSeconds": -1},
+            "group 'g': idleTimeoutSeconds must be >= 0, not -1",
+        ),
+    ],
+)
+def test_contradictory_autoscaling_bounds_are_rejected_precisely(
+    sizing: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        parse("c", "ns", one_group(**sizing))
+    assert message in str(caught.value)
+
+
+def test_bounds_problems_in_several_groups_are_all_reported() -> None:
+    raw = {
+        "workerGroups": [
+            {"name": "a", "replicas": 1, "maxReplicas": 2},
+            {"name": "ok", "maxReplicas": 2},
+            {"name": "b", "minReplicas": 3, "maxReplicas": 1},
+        ]
+    }
+    with pytest.raises(InvalidSpec) as caught:
+        parse("c", "ns", raw)
+    assert "'a'" in str(caught.value) and "'b'" in str(caught.value)
+    assert "'ok'" not in str(caught.value)
+
+
+def test_autoscaling_bounds_do_not_change_resources_or_limits() -> None:
+    group = parse_group(minReplicas=0, maxReplicas=4, resources={"GPU": 2})
+    assert (group.advertised, group.limits) == ({"GPU": 2.0}, {"nvidia.com/gpu": "2"})
+    assert group == dataclasses.replace(
+        parse_group(replicas=0, resources={"GPU": 2}), max_replicas=4
+    )
