@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
+from apportion.operator.autoscale import ScaleDecision, Scaling
 from apportion.operator.manifests import HASH_ANNOTATION, LABEL_CLUSTER, LABEL_GROUP, group_hash
 from apportion.operator.spec import ClusterSpec, parse
 from apportion.operator.status import compute_status, invalid_status, pod_ready, unschedulable
@@ -450,3 +452,197 @@ def test_a_group_with_pods_from_an_old_spec_is_not_yet_running() -> None:
     assert status["phase"] == "Pending"
     fresh = compute_status(spec, [pod("g", 1, ready=True)], info("c-g-1"), {}, 1, T0)
     assert fresh["phase"] == "Running" and fresh["workerGroups"][0]["updatedReplicas"] == 1
+
+
+# --------------------------------------------------------------------------- autoscaling
+
+
+def autoscaled(targets: dict[str, int], **bounds: tuple[int, int]) -> ClusterSpec:
+    """Groups named by ``bounds`` (min, max; equal: fixed), each sized to its target the
+    way the operator does before computing the status."""
+    groups = []
+    for name, (low, high) in bounds.items():
+        sizing = (
+            {"replicas": low}
+            if low == high
+            else {"minReplicas": low, "maxReplicas": high, "idleTimeoutSeconds": 90}
+        )
+        groups.append({"name": name, "resources": {"GPU": 1, "process": 1}, **sizing})
+    spec = parse("c", "ns", {"workerGroups": groups})
+    return dataclasses.replace(
+        spec,
+        groups=[
+            dataclasses.replace(g, replicas=targets.get(g.name, g.replicas)) for g in spec.groups
+        ],
+    )
+
+
+def scaling(
+    before: dict[str, int],
+    reasons: dict[str, str] | None = None,
+    unmet: list[dict[str, Any]] | None = None,
+) -> Scaling:
+    decision = ScaleDecision(reasons=dict(reasons or {}))
+    return Scaling(decision, before, list(unmet or []))
+
+
+def by_group(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {g["name"]: g for g in status["workerGroups"]}
+
+
+def test_an_autoscaled_group_reports_its_bounds_and_target_a_fixed_one_does_not() -> None:
+    spec = autoscaled({"auto": 2}, auto=(0, 4), fixed=(1, 1))
+    status = compute_status(spec, [], info(), {}, 1, T0, scaling=scaling({"auto": 2}))
+    groups = by_group(status)
+    assert groups["auto"]["desiredReplicas"] == 2
+    assert (
+        groups["auto"]["minReplicas"],
+        groups["auto"]["maxReplicas"],
+        groups["auto"]["idleTimeoutSeconds"],
+    ) == (0, 4, 90.0)
+    assert "lastScale" not in groups["auto"]  # nothing changed
+    assert groups["fixed"]["desiredReplicas"] == 1
+    assert not {"minReplicas", "maxReplicas", "idleTimeoutSeconds", "lastScale"} & set(
+        groups["fixed"]
+    )
+    assert "lastScalingDecision" not in status
+
+
+def test_a_change_of_target_is_recorded_with_its_reason() -> None:
+    spec = autoscaled({"auto": 3}, auto=(0, 4))
+    why = "5 waiting task(s) fit auto (GPU=1, process=1 per pod)"
+    status = compute_status(
+        spec, [], info(), {}, 1, T1, scaling=scaling({"auto": 0}, {"auto": why})
+    )
+    last = {"time": T1, "from": 0, "to": 3, "reason": why}
+    assert by_group(status)["auto"]["lastScale"] == last
+    assert status["lastScalingDecision"] == {"group": "auto", **last}
+    assert status["workers"] == "0/3"
+
+
+def test_the_last_scale_is_kept_until_the_next_change() -> None:
+    spec = autoscaled({"auto": 3}, auto=(0, 4))
+    first = compute_status(
+        spec, [], info(), {}, 1, T0, scaling=scaling({"auto": 0}, {"auto": "up"})
+    )
+    # Same target, no reason: kept as it was.
+    kept = compute_status(spec, [], info(), first, 1, T1, scaling=scaling({"auto": 3}))
+    assert by_group(kept)["auto"]["lastScale"] == {"time": T0, "from": 0, "to": 3, "reason": "up"}
+    assert kept["lastScalingDecision"]["time"] == T0
+    # Scheduler unreachable: no decision this round, the last one stays.
+    unreachable = compute_status(spec, [], None, kept, 1, T1)
+    assert by_group(unreachable)["auto"]["lastScale"]["time"] == T0
+    # A new change replaces it.
+    down = autoscaled({"auto": 1}, auto=(0, 4))
+    later = "2 idled"
+    changed = compute_status(
+        down, [], info(), kept, 1, T1, scaling=scaling({"auto": 3}, {"auto": later})
+    )
+    assert by_group(changed)["auto"]["lastScale"] == {
+        "time": T1,
+        "from": 3,
+        "to": 1,
+        "reason": later,
+    }
+
+
+def test_a_reason_without_a_change_of_target_is_not_recorded() -> None:
+    # E.g. the scheduler kept every worker the planner chose to retire: the target stays.
+    spec = autoscaled({"auto": 2}, auto=(0, 4))
+    status = compute_status(
+        spec, [], info(), {}, 1, T0, scaling=scaling({"auto": 2}, {"auto": "idled"})
+    )
+    assert "lastScale" not in by_group(status)["auto"]
+    assert "lastScalingDecision" not in status
+
+
+def test_the_cluster_reports_the_most_recent_decision_of_any_group() -> None:
+    spec = autoscaled({"a": 2, "b": 1}, a=(0, 4), b=(0, 4))
+    previous = {
+        "workerGroups": [
+            {"name": "a", "lastScale": {"time": T0, "from": 0, "to": 2, "reason": "old"}},
+            {"name": "b", "lastScale": {"time": T0, "from": 0, "to": 3, "reason": "older"}},
+        ]
+    }
+    status = compute_status(
+        spec, [], info(), previous, 1, T1, scaling=scaling({"a": 2, "b": 3}, {"b": "idled"})
+    )
+    assert status["lastScalingDecision"] == {
+        "group": "b",
+        "time": T1,
+        "from": 3,
+        "to": 1,
+        "reason": "idled",
+    }
+    assert by_group(status)["a"]["lastScale"]["reason"] == "old"
+
+
+def test_the_last_scaling_decision_outlives_a_group_made_fixed() -> None:
+    last = {"group": "a", "time": T0, "from": 0, "to": 2, "reason": "up"}
+    spec = autoscaled({}, a=(2, 2))
+    status = compute_status(spec, [], info(), {"lastScalingDecision": last}, 1, T1)
+    assert status["lastScalingDecision"] == last
+
+
+def test_unmet_demand_comes_from_the_planner_when_it_ran() -> None:
+    spec = autoscaled({"auto": 1}, auto=(0, 4))
+    waiting = [{"resources": {"GPU": 8}, "tasks": 2, "why": "scheduler's words"}]
+    unmet = [{"resources": {"GPU": 8}, "tasks": 2, "why": "no worker group can ever run it"}]
+    status = compute_status(
+        spec, [], info(no_worker=waiting), {}, 1, T0, scaling=scaling({"auto": 1}, unmet=unmet)
+    )
+    assert status["unmetDemand"] == unmet
+    # Demand a worker is being started for is not unmet, whatever the scheduler says.
+    status = compute_status(
+        spec, [], info(no_worker=waiting), {}, 1, T0, scaling=scaling({"auto": 1})
+    )
+    assert status["unmetDemand"] == []
+
+
+# Each row: previous phase, auto's target, auto's pods (index, connected, stuck), fixed
+# group connected, expected phase.
+SCALING_PHASES = [
+    ("Running", 3, [(0, True, False), (1, False, False), (2, False, False)], True, "Scaling"),
+    ("Running", 3, [(0, True, False)], True, "Scaling"),  # pods not created yet
+    ("Degraded", 2, [(0, True, False), (1, False, False)], True, "Scaling"),
+    ("Scaling", 2, [(0, True, False), (1, False, False)], True, "Scaling"),
+    ("Scaling", 2, [(0, True, False), (1, True, False)], True, "Running"),
+    ("Running", 1, [(0, True, False), (1, True, False)], True, "Scaling"),  # scaling down
+    ("Running", 0, [(0, True, False)], True, "Scaling"),
+    # Short of a fixed group's worker too: something is wrong.
+    ("Running", 2, [(0, True, False), (1, False, False)], False, "Degraded"),
+    ("Running", 2, [(0, True, False), (1, True, False)], False, "Degraded"),
+    # Pods Kubernetes cannot place: not just scaling.
+    ("Running", 2, [(0, True, False), (1, False, True)], True, "Degraded"),
+    # Never ran yet: still pending.
+    (None, 2, [(0, True, False), (1, False, False)], True, "Pending"),
+    ("Pending", 2, [(0, True, False), (1, False, False)], True, "Pending"),
+]
+
+
+@pytest.mark.parametrize(("previous", "target", "auto_pods", "fixed_up", "phase"), SCALING_PHASES)
+def test_phase_scaling_when_only_autoscaled_groups_are_short_of_placeable_workers(
+    previous: str | None,
+    target: int,
+    auto_pods: list[tuple[int, bool, bool]],
+    fixed_up: bool,
+    phase: str,
+) -> None:
+    spec = autoscaled({"auto": target}, auto=(0, 4), fixed=(1, 1))
+    pods = [pod("fixed", 0, ready=fixed_up)]
+    pods += [
+        pod("auto", i, ready=up, stuck=NO_GPU if stuck else None) for i, up, stuck in auto_pods
+    ]
+    names = [f"c-auto-{i}" for i, up, _ in auto_pods if up] + (["c-fixed-0"] if fixed_up else [])
+    prior = {"phase": previous} if previous else {}
+    status = compute_status(spec, pods, info(*names), prior, 1, T1, scaling=scaling({"auto": 1}))
+    assert status["phase"] == phase
+    ready = condition(status, "Ready")
+    assert ready["status"] == ("True" if phase == "Running" else "False")
+
+
+def test_an_unreachable_scheduler_is_degraded_not_scaling() -> None:
+    spec = autoscaled({"auto": 2}, auto=(0, 4))
+    pods = [pod("auto", 0, ready=True), pod("auto", 1)]
+    status = compute_status(spec, pods, None, {"phase": "Running"}, 1, T1)
+    assert status["phase"] == "Degraded"
