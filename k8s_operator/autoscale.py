@@ -54,6 +54,11 @@ class GroupView:
     def autoscaled(self) -> bool:
         return self.min_replicas != self.max_replicas
 
+    @property
+    def stale(self) -> int:
+        """Pods not connected within the idle timeout."""
+        return sum(1 for age in self.unconnected.values() if age >= self.idle_timeout)
+
 
 @dataclass(frozen=True)
 class Demand:
@@ -156,7 +161,9 @@ def decide(groups: list[GroupView], demand: list[Demand]) -> ScaleDecision:
         for group in order:
             if not group.autoscaled:
                 continue  # a fixed group's workers will get to it; they cannot be added to
-            room = group.max_replicas - len(group.connected) - taken[group.name]
+            # Pods that did not start within the timeout (unschedulable, say) are no
+            # capacity: they hold places, so demand spills on to the next group.
+            room = group.max_replicas - len(group.connected) - group.stale - taken[group.name]
             if room <= 0:
                 continue
             slots = slots_per_pod(group, item.resources)
@@ -264,6 +271,7 @@ def observe(
         desired = group.replicas  # fixed size
         if group.autoscaled:
             desired = previous_desired.get(group.name, len(mine))
+            desired = max(group.min_replicas, min(group.max_replicas, desired))
         views.append(
             GroupView(
                 name=group.name,

@@ -89,9 +89,18 @@ def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     pods = _matching(everything, {LABEL_CLUSTER: name, "app.kubernetes.io/component": "worker"})
     connected = {w["name"] for w in (info or {}).get("workers", {}).values()}
     taken = {p["metadata"]["name"] for p in everything}
+    before = {
+        g["name"]: int(g["desiredReplicas"])
+        for g in previous.get("workerGroups") or []
+        if "desiredReplicas" in g
+    }
     scaling = None
-    if info is not None:  # without the scheduler, idleness and demand are unknown
-        spec, scaling, removed = _autoscale(spec, body, pods, info, previous, scheduler_ip, token)
+    if info is None:
+        # Idleness and demand are unknown without the scheduler: keep every target.
+        views, _ = observe(spec, pods, {}, before, time.time())
+        spec = _sized(spec, {v.name: v.desired for v in views})
+    else:
+        spec, scaling, removed = _autoscale(spec, body, pods, info, before, scheduler_ip, token)
         pods = [p for p in pods if p["metadata"]["name"] not in removed]
     failures = _carry_out(spec, body, plan(spec, pods, connected, taken), scheduler_ip, token)
     status = compute_status(spec, pods, info, previous, generation, _now(), failures, scaling)
@@ -105,17 +114,13 @@ def _autoscale(
     owner: Mapping[str, Any],
     pods: list[dict[str, Any]],
     info: Mapping[str, Any],
-    previous: Mapping[str, Any],
+    before: Mapping[str, int],
     scheduler_ip: str | None,
     token: str | None,
 ) -> tuple[ClusterSpec, Scaling, set[str]]:
     """Decide each autoscaled group's size, remove the workers chosen to go, and return
-    the spec with those sizes, what was decided, and the pods removed."""
-    before = {
-        g["name"]: int(g["desiredReplicas"])
-        for g in previous.get("workerGroups") or []
-        if "desiredReplicas" in g
-    }
+    the spec with those sizes, what was decided, and the pods removed. ``before``: each
+    group's target from the last status."""
     views, demand = observe(spec, pods, info, before, time.time())
     decision = decide(views, demand)
     connected = {w["name"] for w in info.get("workers", {}).values()}
@@ -134,14 +139,19 @@ def _autoscale(
                 message=f"group {group}: {desired[group]} -> {decision.targets[group]} "
                 f"worker(s): {reason}",
             )
-    sized = dataclasses.replace(
+    sized = _sized(spec, decision.targets)
+    return sized, Scaling(decision, desired, unmet_demand(decision, views, info)), removed
+
+
+def _sized(spec: ClusterSpec, targets: Mapping[str, int]) -> ClusterSpec:
+    """The spec with autoscaled groups at their targets (fixed groups keep ``replicas``)."""
+    return dataclasses.replace(
         spec,
         groups=[
-            dataclasses.replace(g, replicas=decision.targets.get(g.name, g.replicas))
+            dataclasses.replace(g, replicas=targets.get(g.name, g.replicas)) if g.autoscaled else g
             for g in spec.groups
         ],
     )
-    return sized, Scaling(decision, desired, unmet_demand(decision, views, info)), removed
 
 
 def _remove_workers(

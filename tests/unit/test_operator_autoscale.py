@@ -1053,3 +1053,22 @@ def test_property_the_next_round_with_the_pods_starting_does_not_grow_again(
     second = decide(following, demand)
     for name, target in second.targets.items():
         assert target <= first.targets[name]
+
+
+def test_observe_keeps_a_starting_target_within_the_bounds() -> None:
+    spec = parse("c", "ns", {"workerGroups": [{"name": "gpu", "minReplicas": 1, "maxReplicas": 2}]})
+    pods = [worker_pod("gpu", i) for i in range(3)]
+    assert observe(spec, [], scheduler_info(), {}, NOW)[0][0].desired == 1  # no event at birth
+    assert observe(spec, pods, scheduler_info(), {}, NOW)[0][0].desired == 2
+    assert observe(spec, [], scheduler_info(), {"gpu": 9}, NOW)[0][0].desired == 2
+
+
+def test_pods_that_never_started_are_no_capacity_so_demand_spills_on() -> None:
+    # gpu2 is at its max with two pods stuck unscheduled for longer than the timeout.
+    stuck = group("gpu2", {"GPU": 2}, hi=2, timeout=60, unconnected={"a": 300, "b": 300})
+    spare = group("gpu4", {"GPU": 4}, nthreads=4, hi=2)
+    decision = decide([stuck, spare], [need(2, GPU=1)])
+    assert decision.targets == {"gpu2": 2, "gpu4": 1}
+    # Pods still within the timeout are capacity on the way: nothing spills.
+    starting = dataclasses.replace(stuck, unconnected={"a": 5, "b": 5})
+    assert decide([starting, spare], [need(2, GPU=1)]).targets == {"gpu2": 2, "gpu4": 0}
