@@ -87,6 +87,7 @@ class WorkerState:
         "fitting_shapes",
         "free",
         "has_what",
+        "idle_since",
         "info",
         "last_seen",
         "memory_limit",
@@ -126,6 +127,8 @@ class WorkerState:
         self.fitting_shapes: set[Shape] = set()
         self.memory_limit = memory_limit
         self.last_seen = 0.0
+        # Scheduler clock time it last became idle (running nothing); None while busy.
+        self.idle_since: float | None = None
         self.info = info or {}
 
     def __repr__(self) -> str:

@@ -212,7 +212,7 @@ class SchedulerState:
         info: dict[str, Any] | None = None,
     ) -> WorkerState:
         ws = WorkerState(address, name, nthreads, resources, self.prefetch, memory_limit, info)
-        ws.last_seen = self.clock()
+        ws.last_seen = ws.idle_since = self.clock()
         self.workers[address] = ws
         self.idle[ws] = None
         self._max_threads = max(self._max_threads, ws.nthreads)
@@ -299,7 +299,7 @@ class SchedulerState:
             key=lambda ws: (
                 ws.retiring is False,
                 len(ws.processing),
-                sum(ts.nbytes for ts in ws.has_what),
+                _bytes_held(ws),
                 ws.name,
             ),
         )
@@ -495,6 +495,7 @@ class SchedulerState:
         ts.run_id = run_id
         if not ws.processing:
             self.idle.pop(ws, None)
+            ws.idle_since = None
         ws.processing[run_id] = ts
         for name, amount in ts.shape:
             ws.used[name] += amount
@@ -524,8 +525,10 @@ class SchedulerState:
         ts = ws.processing.pop(run_id, None)
         if ts is None:
             return None
-        if not ws.processing and ws.slots > 0 and ws.address in self.workers:
-            self.idle[ws] = None
+        if not ws.processing:
+            ws.idle_since = self.clock()
+            if ws.slots > 0 and ws.address in self.workers:
+                self.idle[ws] = None
         for name, amount in ts.shape:
             ws.used[name] -= amount
             # Float sums of fractional demands drift; snap to the exact totals.
@@ -646,6 +649,7 @@ class SchedulerState:
 
     # ------------------------------------------------------------ introspection
     def info(self) -> dict[str, Any]:
+        now = self.clock()
         counts: dict[str, int] = {}
         for ts in self.tasks.values():
             counts[ts.state] = counts.get(ts.state, 0) + 1
@@ -661,6 +665,8 @@ class SchedulerState:
                     "processing": len(ws.processing),
                     "retiring": ws.retiring,
                     "in_memory": len(ws.has_what),
+                    "nbytes": _bytes_held(ws),
+                    "idle_seconds": None if ws.idle_since is None else now - ws.idle_since,
                     **ws.info,
                 }
                 for ws in self.workers.values()
@@ -715,3 +721,7 @@ class SchedulerState:
             if ts.state == "memory" and not ts.who_has:
                 problems.append(f"task {ts.key} in memory nowhere")
         return problems
+
+
+def _bytes_held(ws: WorkerState) -> int:
+    return sum(ts.nbytes for ts in ws.has_what)
