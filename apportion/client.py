@@ -360,6 +360,27 @@ class Client:
         """Ask the scheduler to verify its resource accounting; [] when consistent."""
         return list(self._request({"op": "info", "check": True})["problems"])
 
+    def retire_workers(self, names: Iterable[str], count: int | None = None) -> dict[str, Any]:
+        """Take up to ``count`` (default: all) of the named workers out of service, gracefully.
+
+        Idle workers are chosen first. They get no new work; their running tasks finish
+        and every result still needed that only they hold is copied to a worker staying
+        in service. Returns ``{"retired": [names now safe to stop], "kept": {name:
+        reason}}`` once that is done, or after ``scheduler.retire-timeout`` seconds; a
+        kept worker is back in service. Unknown names raise ValueError.
+        """
+        if isinstance(names, str):
+            raise TypeError(f"names must be a list of worker names, not one string {names!r}")
+        names = list(names)
+        if not all(isinstance(n, str) for n in names):
+            raise TypeError(f"worker names must be strings, got {names!r}")
+        if count is not None and (type(count) is not int or count < 0):
+            raise ValueError(f"count must be an int >= 0 or None (all named), got {count!r}")
+        reply = self._request({"op": "retire", "names": names, "count": count}, timeout=None)
+        if "error" in reply:
+            raise ValueError(reply["error"])
+        return {"retired": list(reply["retired"]), "kept": dict(reply["kept"])}
+
     def wait_for_workers(self, n: int = 1, timeout: float | None = None) -> None:
         """Block until at least ``n`` workers are connected."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -409,9 +430,12 @@ class Client:
         elif op == "task-lost":
             if state is not None:
                 state.lose()
+        elif op == "who-has":  # a copy was made (its holder is retiring): fetch from there
+            if state is not None:
+                state.who_has = list(message["who_has"])
         elif op == "no-worker":
             self._warn_no_worker(message)
-        elif op in ("info-reply", "run-reply"):
+        elif op in ("info-reply", "run-reply", "retire-reply"):
             reply = self._requests.pop(message["id"], None)
             if reply is not None and not reply.done():
                 reply.set_result(message)

@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
         # A task that was running on this many dead workers is marked erred.
         "allowed-failures": 3,
         "worker-timeout": 30.0,
+        # Seconds a retire request waits for results to be copied off the retiring workers;
+        # workers not done by then stay in service.
+        "retire-timeout": 30.0,
         "http-port": None,
         # Check resource accounting after every batch of messages (slow; for tests).
         "validate": False,

@@ -87,8 +87,10 @@ class WorkerState:
         "fitting_shapes",
         "free",
         "has_what",
+        "idle_since",
         "info",
         "last_seen",
+        "max_slots",
         "memory_limit",
         "name",
         "nthreads",
@@ -116,8 +118,9 @@ class WorkerState:
         self.used: Resources = dict.fromkeys(resources, 0)
         # Kept equal to total - used, so fit checks need no subtraction on the hot path.
         self.free: Resources = dict(resources)
-        self.slots = self.nthreads + max(0, prefetch)
-        # Chosen for removal (scale-down): it gets no new work and waits to be stopped.
+        self.max_slots = self.nthreads + max(0, prefetch)
+        self.slots = self.max_slots
+        # Chosen for removal (scale-down): no new work (slots 0) until stopped or kept.
         self.retiring = False
         # run_id -> task. Entries stay until the worker reports the run over, even when
         # the task was cancelled meanwhile: that is when its resources are really free.
@@ -126,7 +129,30 @@ class WorkerState:
         self.fitting_shapes: set[Shape] = set()
         self.memory_limit = memory_limit
         self.last_seen = 0.0
+        # Scheduler clock time it last became idle (running nothing); None while busy.
+        self.idle_since: float | None = None
         self.info = info or {}
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} {self.address}>"
+
+
+class Retirement:
+    """One request to retire workers, answered once none of them is still ``waiting``.
+
+    A waiting worker runs no new tasks; it moves to ``retired`` once it runs nothing and
+    every result it holds that is still needed has a copy on a worker staying in service,
+    or to ``kept`` (name -> reason) when that cannot be done.
+    """
+
+    __slots__ = ("deadline", "kept", "reply_id", "requester", "retired", "waiting")
+
+    def __init__(
+        self, requester: str, reply_id: Any, waiting: list[WorkerState], deadline: float
+    ) -> None:
+        self.requester = requester
+        self.reply_id = reply_id
+        self.waiting: dict[WorkerState, None] = dict.fromkeys(waiting)
+        self.deadline = deadline
+        self.retired: list[str] = []
+        self.kept: dict[str, str] = {}

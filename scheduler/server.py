@@ -14,7 +14,13 @@ from typing import Any
 
 import tornado.web
 from apportion.scheduler.state import SchedulerState
-from apportion.scheduler.validation import check_keys, check_run_id, check_submit
+from apportion.scheduler.validation import (
+    check_key,
+    check_keys,
+    check_retire,
+    check_run_id,
+    check_submit,
+)
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
 from tornado.netutil import bind_sockets
@@ -50,6 +56,9 @@ class Scheduler:
         self.violations: list[str] = []
         self._runs: dict[int, _BroadcastRun] = {}
         self._run_ids = itertools.count(1)
+        # HTTP retire requests waiting for their answer, by the requester name the state uses.
+        self._retire_replies: dict[str, asyncio.Future[Message]] = {}
+        self._retire_ids = itertools.count(1)
         self._periodic: list[PeriodicCallback] = []
         self._http: HTTPServer | None = None
         self.stopped = asyncio.Event()
@@ -119,6 +128,8 @@ class Scheduler:
             "task-erred": self.state.handle_task_erred,
             "task-released": self.state.handle_task_released,
             "missing-deps": self.state.handle_missing_deps,
+            "data-acquired": self.state.handle_data_acquired,
+            "acquire-failed": self.state.handle_acquire_failed,
             "run-result": self._on_run_result,
         }
         reason = "connection closed"
@@ -136,7 +147,9 @@ class Scheduler:
                     handler = handlers.get(op)
                     if handler is None:
                         raise ProtocolError(f"unknown worker operation {op!r}")
-                    if op != "run-result":
+                    if op in ("data-acquired", "acquire-failed"):
+                        check_key(message)
+                    elif op != "run-result":
                         check_run_id(message)
                     handler(address, message)
                 self._flush()
@@ -196,6 +209,12 @@ class Scheduler:
             comm.send(reply)
         elif op == "run":
             self._start_broadcast(client, message)
+        elif op == "retire":
+            names, count = check_retire(message)
+            try:
+                self.state.retire_workers(client, message["id"], names, count)
+            except ValueError as exc:  # unknown names: the caller's mistake, not the protocol's
+                comm.send({"op": "retire-reply", "id": message["id"], "error": str(exc)})
         elif op == "close":
             comm.close("client closed")
         else:
@@ -208,6 +227,9 @@ class Scheduler:
                 logger.error("scheduler invariants broken: %s", problems)
                 self.violations.extend(problems[: 100 - len(self.violations)])
         for dest, messages in self.state.take_outbox().items():
+            reply = self._retire_replies.pop(dest, None)
+            if reply is not None and not reply.done():
+                reply.set_result(messages[-1])
             comm = self.comms.get(dest)
             if comm is not None and not comm.closed:
                 comm.send_many(messages)
@@ -244,6 +266,19 @@ class Scheduler:
         comm = self.comms.get(run.client)
         if comm is not None and not comm.closed:
             comm.send({"op": "run-reply", "id": run.reply_id, "results": run.results})
+
+    async def retire_workers(self, names: list[str], count: int | None) -> dict[str, Any]:
+        """Retire workers for the HTTP API; see ``SchedulerState.retire_workers``."""
+        requester = f"http-retire-{next(self._retire_ids)}"
+        reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._retire_replies[requester] = reply
+        try:
+            self.state.retire_workers(requester, None, names, count)
+            self._flush()
+            message = await reply
+        finally:
+            self._retire_replies.pop(requester, None)
+        return {"retired": message["retired"], "kept": message["kept"]}
 
     # ---------------------------------------------------------------- timers
     def _check_timeouts(self) -> None:
@@ -313,23 +348,46 @@ def _status_app(scheduler: Scheduler) -> tornado.web.Application:
             self.write(json.dumps(info))
 
     class Retire(tornado.web.RequestHandler):
-        def post(self) -> None:
+        """Body ``{"names": [worker names], "count": n}`` (``count`` optional: all named;
+        ``workers`` is accepted for ``names``). Answers, once the chosen workers are settled,
+        ``{"retired": [names safe to stop], "kept": {name: why it stays in service}}``."""
+
+        async def post(self) -> None:
             if scheduler.token is not None:
                 offered = self.request.headers.get("Authorization", "")
                 if not hmac.compare_digest(offered, f"Bearer {scheduler.token}"):
-                    raise tornado.web.HTTPError(401, reason="a valid bearer token is required")
+                    self._answer(401, {"error": "a valid bearer token is required"})
+                    return
             try:
-                body = json.loads(self.request.body or b"{}")
-                names = [str(n) for n in body["workers"]]
-                count = int(body.get("count", len(names)))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise tornado.web.HTTPError(
-                    400, reason=f'expected {{"workers": [names], "count": n}}: {exc}'
-                ) from None
-            retired = scheduler.state.retire_workers(names, count)
+                names, count = check_retire(_retire_message(self.request.body))
+                answer = await scheduler.retire_workers(names, count)
+            except (ProtocolError, ValueError) as exc:
+                self._answer(400, {"error": str(exc)})
+                return
+            self._answer(200, answer)
+
+        def _answer(self, status: int, body: dict[str, Any]) -> None:
+            self.set_status(status)
             self.set_header("Content-Type", "application/json")
-            self.write(json.dumps({"retired": retired}))
+            self.write(json.dumps(body))
 
     return tornado.web.Application(
         [(r"/health", Health), (r"/api/v1/info", Info), (r"/api/v1/retire", Retire)]
     )
+
+
+def _retire_message(body: bytes) -> Message:
+    """The JSON body of a retire request, as the client protocol's ``retire`` message."""
+    try:
+        request = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise ProtocolError(f"the body must be JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise ProtocolError('the body must be a JSON object: {"names": [...], "count": n}')
+    if "names" in request and "workers" in request:
+        raise ProtocolError("give the worker names as 'names' or as 'workers', not both")
+    unknown = set(request) - {"names", "workers", "count"}
+    if unknown:
+        raise ProtocolError(f"unknown fields {sorted(unknown)}; expected 'names' and 'count'")
+    names = request.get("names", request.get("workers"))
+    return {"op": "retire", "names": names, "count": request.get("count")}

@@ -73,3 +73,24 @@ def check_submit(message: Message) -> list[Message]:
 
 def check_run_id(message: Message) -> None:
     _expect(_is_int(message.get("run_id")), f"{message['op']!r} needs an integer 'run_id'")
+
+
+def check_key(message: Message) -> str:
+    key = message.get("key")
+    _expect(isinstance(key, str), f"{message['op']!r} needs 'key': a string")
+    return key
+
+
+def check_retire(message: Message) -> tuple[list[str], int | None]:
+    """``names``: worker names; ``count`` (optional): how many of them at most."""
+    names = message.get("names")
+    _expect(
+        isinstance(names, list) and all(isinstance(n, str) for n in names),
+        "'retire' needs 'names': a list of worker names",
+    )
+    count = message.get("count")
+    _expect(
+        count is None or (_is_int(count) and count >= 0),
+        f"'retire' needs 'count' to be an int >= 0 (or absent for all named), got {count!r}",
+    )
+    return names, count

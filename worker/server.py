@@ -254,6 +254,8 @@ class Worker:
                             self.data.pop(key, None)
                     elif op == "run":
                         background(self._on_run(message))
+                    elif op == "acquire-data":
+                        background(self._acquire(message["key"], message["who_has"]))
                     else:
                         logger.warning("ignoring unknown scheduler operation %r", op)
         except CommClosedError:
@@ -371,6 +373,21 @@ class Worker:
             raise
         finally:
             self._fetching.pop(key, None)
+
+    async def _acquire(self, key: str, holders: list[str]) -> None:
+        """Keep a copy of a result held elsewhere (its holder is being retired)."""
+        epoch = self.epoch
+        try:
+            await self._fetch(key, holders)
+            if key not in self.data:
+                # Fetched values are reference-counted for the tasks here; this copy is ours.
+                owned = key in self.fetched_refs
+                self.data[key] = self.fetched[key] if owned else self.fetched.pop(key)
+            reply: Message = {"op": "data-acquired", "key": key}
+        except Exception as exc:  # no holder answered, or it was dropped meanwhile
+            reply = {"op": "acquire-failed", "key": key, "reason": f"{type(exc).__name__}: {exc}"}
+        if epoch == self.epoch:  # the scheduler that asked is still ours
+            self._send(reply)
 
     # --------------------------------------------------------------- execution
     def _make_ready(self, task: LocalTask) -> None:

@@ -46,3 +46,20 @@ def peak_use(records: list[dict], resource: str) -> dict[object, float]:
         for r in records
         if r["resources"].get(resource)
     )
+
+
+def unique_result(log: str, size: int) -> tuple[str, bytes]:
+    """A result no recomputation reproduces, logged once per execution."""
+    import uuid
+
+    tag = uuid.uuid4().hex
+    with open(log, "a") as f:
+        f.write(tag + "\n")
+    return tag, bytes(size)
+
+
+def wait_for_file(path: str) -> str:
+    """Block until the test creates ``path`` (the task's own work, not test timing)."""
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return path

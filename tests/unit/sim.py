@@ -40,6 +40,8 @@ class Sim:
         self.computes: list[tuple[str, Message]] = []
         self.cancels: dict[str, list[int]] = {}
         self.freed: dict[str, list[str]] = {}
+        # Every acquire-data message ever sent, in order, as (address, message).
+        self.acquires: list[tuple[str, Message]] = []
         self.to_clients: dict[str, list[Message]] = {}
 
     # ------------------------------------------------------------------ plumbing
@@ -65,6 +67,8 @@ class Sim:
             self.cancels.setdefault(address, []).append(msg["run_id"])
         elif op == "free-keys":
             self.freed.setdefault(address, []).extend(msg["keys"])
+        elif op == "acquire-data":
+            self.acquires.append((address, msg))
         else:  # pragma: no cover - a new op the tests do not know yet
             raise AssertionError(f"unexpected message to worker {address}: {msg}")
 
@@ -84,7 +88,7 @@ class Sim:
                     f"outstanding runs hold {expected.get(name, 0)}"
                 )
                 assert ws.used.get(name, 0) <= ws.total.get(name, 0) + 1e-9
-            assert len(self.runs[address]) <= ws.slots
+            assert ws.retiring or len(self.runs[address]) <= ws.slots
 
     # ------------------------------------------------------------------ stimuli
     def add_client(self, client: str = "c") -> None:
@@ -161,6 +165,20 @@ class Sim:
         self.state.handle_task_released(address, {"run_id": run_id})
         self.step()
 
+    def retire(self, *names: str, count: int | None = None, requester: str = "ops") -> list[str]:
+        chosen = self.state.retire_workers(requester, len(self.to_clients), list(names), count)
+        self.step()
+        return chosen
+
+    def acquired(self, address: str, key: str) -> None:
+        """A worker reports that it copied ``key`` from a peer, as asked."""
+        self.state.handle_data_acquired(address, {"key": key})
+        self.step()
+
+    def acquire_failed(self, address: str, key: str, reason: str = "no holder answered") -> None:
+        self.state.handle_acquire_failed(address, {"key": key, "reason": reason})
+        self.step()
+
     # ------------------------------------------------------------------ queries
     def states(self) -> dict[str, str]:
         return {key: ts.state for key, ts in self.state.tasks.items()}
@@ -176,6 +194,11 @@ class Sim:
 
     def client_messages(self, op: str, client: str = "c") -> list[Message]:
         return [m for m in self.to_clients.get(client, []) if m["op"] == op]
+
+    def retire_reply(self, requester: str = "ops") -> Message | None:
+        """The answer to the latest retire request of ``requester`` (None while pending)."""
+        replies = self.client_messages("retire-reply", requester)
+        return {k: replies[-1][k] for k in ("retired", "kept")} if replies else None
 
     def error_of(self, key: str, client: str = "c") -> BaseException:
         erred = [m for m in self.client_messages("task-erred", client) if m["key"] == key]

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from tests.unit.sim import Sim, task
+from tests.unit.sim import FakeClock, Sim, task
 
 DEMANDS = [
     None,
@@ -33,8 +33,21 @@ WORKER_KINDS = [
     {"GPU": 4, "MEMORY": 100e9, "CPU": 2},
 ]
 EVERYTHING = {"GPU": 4, "MEMORY": 100e9, "CPU": 2}
-OPS = ["submit", "finish", "err", "give-back", "add-worker", "remove-worker", "release", "cancel"]
-WEIGHTS = [30, 30, 6, 3, 5, 4, 6, 3]
+OPS = [
+    "submit",
+    "finish",
+    "err",
+    "give-back",
+    "add-worker",
+    "remove-worker",
+    "release",
+    "cancel",
+    "retire",
+    "copy-done",
+    "copy-failed",
+    "time-passes",
+]
+WEIGHTS = [30, 30, 6, 3, 5, 4, 6, 3, 3, 6, 1, 1]
 
 
 def _random_run(rng: random.Random, sim: Sim) -> tuple[str, int] | None:
@@ -46,12 +59,25 @@ def _key_of(sim: Sim, run: tuple[str, int]) -> str:
     return sim.runs[run[0]][run[1]]["key"]
 
 
+def _answer_a_copy(rng: random.Random, sim: Sim, ok: bool) -> None:
+    """A worker asked to copy a result reports back (if it is still there)."""
+    open_copies = [i for i, (address, _) in enumerate(sim.acquires) if address in sim.state.workers]
+    if not open_copies:
+        return
+    address, message = sim.acquires.pop(rng.choice(open_copies))
+    if ok:
+        sim.acquired(address, message["key"])
+    else:
+        sim.acquire_failed(address, message["key"])
+
+
 def drive(seed: int, steps: int = 400) -> tuple[Sim, set[str]]:
     rng = random.Random(seed)
-    sim = Sim()
+    clock = FakeClock()
+    sim = Sim({"scheduler.retire-timeout": 10}, clock=clock)
     sim.add_client("c")
     wanted: set[str] = set()
-    n_tasks = n_workers = 0
+    n_tasks = n_workers = n_retires = 0
     for _ in range(steps):
         op = rng.choices(OPS, WEIGHTS)[0]
         if op == "submit":
@@ -88,6 +114,16 @@ def drive(seed: int, steps: int = 400) -> tuple[Sim, set[str]]:
             n_workers += 1
         elif op == "remove-worker" and sim.state.workers:
             sim.remove_worker(rng.choice(sorted(sim.state.workers)))
+        elif op == "retire" and sim.state.workers:
+            names = rng.sample(sorted(sim.state.workers), k=min(len(sim.state.workers), 2))
+            sim.retire(*names, count=rng.choice([None, 1]), requester=f"ops{n_retires}")
+            n_retires += 1
+        elif op in ("copy-done", "copy-failed"):
+            _answer_a_copy(rng, sim, ok=op == "copy-done")
+        elif op == "time-passes":
+            clock.now += 4
+            sim.state.check_timeouts()
+            sim.step()
         elif op in ("release", "cancel") and wanted:
             key = rng.choice(sorted(wanted))
             if op == "release":
@@ -106,6 +142,12 @@ def drive(seed: int, steps: int = 400) -> tuple[Sim, set[str]]:
         if run is None:
             break
         sim.finish(_key_of(sim, run), run=run)
+    # Every retire request is answered, by its deadline at the latest.
+    clock.now += 10
+    sim.state.check_timeouts()
+    sim.step()
+    assert sim.state.retirements == [] and sim.state.awaiting == {}
+    assert all(sim.retire_reply(f"ops{i}") is not None for i in range(n_retires))
     return sim, wanted
 
 
@@ -149,3 +191,4 @@ def test_random_workloads_exercise_the_interesting_paths() -> None:
         states_seen.update(sim.states().values())
     assert {"task-finished", "task-erred", "task-lost", "task-cancelled", "no-worker"} <= seen_ops
     assert {"memory", "erred"} <= states_seen
+    assert "retire-reply" in seen_ops

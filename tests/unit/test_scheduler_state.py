@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apportion.errors import KilledWorkerError, NoValidWorkerError
-from tests.unit.sim import Sim, task
+from tests.unit.sim import FakeClock, Sim, task
 
 
 @pytest.fixture
@@ -661,6 +661,22 @@ def test_info_reports_workers_resources_use_and_task_counts(sim: Sim) -> None:
     assert worker["used_resources"] == {"GPU": 1}
     assert worker["processing"] == 1
     assert worker["nthreads"] == 2
+
+
+def test_info_reports_idle_seconds_and_bytes_held() -> None:
+    clock = FakeClock(100.0)
+    sim = Sim(clock=clock)
+    sim.add_client("c")
+    sim.add_worker("a")
+    clock.now = 103.0
+    assert sim.state.info()["workers"]["a"]["idle_seconds"] == 3.0
+    sim.submit("x")
+    assert sim.state.info()["workers"]["a"]["idle_seconds"] is None
+    clock.now = 110.0
+    sim.finish("x", nbytes=1234)
+    clock.now = 112.5
+    worker = sim.state.info()["workers"]["a"]
+    assert (worker["idle_seconds"], worker["nbytes"]) == (2.5, 1234)
 
 
 # ------------------------------------------------------------------- missing deps
