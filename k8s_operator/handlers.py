@@ -126,7 +126,7 @@ def _autoscale(
     connected = {w["name"] for w in info.get("workers", {}).values()}
     removed: set[str] = set()
     for group, names in decision.remove.items():
-        gone = _remove_workers(spec, names, connected, scheduler_ip, token)
+        gone = _remove_workers(owner, spec, names, connected, scheduler_ip, token)
         removed |= gone
         decision.targets[group] += len(names) - len(gone)  # kept workers stay counted
     desired = {v.name: v.desired for v in views}
@@ -155,6 +155,7 @@ def _sized(spec: ClusterSpec, targets: Mapping[str, int]) -> ClusterSpec:
 
 
 def _remove_workers(
+    owner: Mapping[str, Any],
     spec: ClusterSpec,
     names: list[str],
     connected: set[str],
@@ -166,10 +167,26 @@ def _remove_workers(
     gone = {n for n in names if n not in connected}
     workers = [n for n in names if n in connected]
     if workers and scheduler_ip is not None:
-        gone |= set(kube.retire(scheduler_ip, spec.http_port, token, workers, len(workers)))
+        gone |= set(_retire(owner, spec, scheduler_ip, token, workers, len(workers)))
     for pod_name in sorted(gone):
         kube.delete_pod(spec.namespace, pod_name)
     return gone
+
+
+def _retire(
+    owner: Mapping[str, Any],
+    spec: ClusterSpec,
+    scheduler_ip: str,
+    token: str | None,
+    names: list[str],
+    count: int,
+) -> list[str]:
+    """Retire workers through the scheduler (their data is copied off first); returns
+    those safe to stop and announces any it kept, with its reason."""
+    retired, kept = kube.retire(scheduler_ip, spec.http_port, token, names, count)
+    for name, why in sorted(kept.items()):
+        kopf.warn(owner, reason="RetireDeferred", message=f"worker {name} kept: {why}")
+    return retired
 
 
 def _ensure_token(spec: ClusterSpec, owner: Mapping[str, Any]) -> str | None:
@@ -217,9 +234,8 @@ def _carry_out(
     for down in todo.scale_down:
         if scheduler_ip is None:
             continue  # without the scheduler we cannot tell idle workers; try next round
-        for pod_name in kube.retire(
-            scheduler_ip, spec.http_port, token, down.candidates, down.count
-        ):
+        retired = _retire(owner, spec, scheduler_ip, token, down.candidates, down.count)
+        for pod_name in retired:
             kube.delete_pod(spec.namespace, pod_name)
     if not todo.empty:
         kopf.info(owner, reason="Reconciled", message=_describe(todo))

@@ -92,6 +92,10 @@ def read_token(namespace: str, secret: str, key: str) -> str | None:
     return b64decode(value).decode() if value else None
 
 
+# Above the scheduler's default retire-timeout (30 s): it answers by then at the latest.
+RETIRE_TIMEOUT = 45
+
+
 def scheduler_info(host: str, port: int) -> dict[str, Any] | None:
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/api/v1/info", timeout=3) as reply:
@@ -101,8 +105,16 @@ def scheduler_info(host: str, port: int) -> dict[str, Any] | None:
         return None
 
 
-def retire(host: str, port: int, token: str | None, names: list[str], count: int) -> list[str]:
-    body = json.dumps({"workers": names, "count": count}).encode()
+def retire(
+    host: str, port: int, token: str | None, names: list[str], count: int
+) -> tuple[list[str], dict[str, str]]:
+    """Ask the scheduler to retire ``count`` of ``names``: (workers safe to stop, workers
+    it kept in service -> why).
+
+    The scheduler answers once their results are copied to workers that stay (up to its
+    ``scheduler.retire-timeout``, 30 s by default).
+    """
+    body = json.dumps({"names": names, "count": count}).encode()
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -110,8 +122,10 @@ def retire(host: str, port: int, token: str | None, names: list[str], count: int
         f"http://{host}:{port}/api/v1/retire", body, headers, method="POST"
     )
     try:
-        with urllib.request.urlopen(request, timeout=5) as reply:
-            return list(json.loads(reply.read())["retired"])
-    except (OSError, ValueError, KeyError) as exc:
+        with urllib.request.urlopen(request, timeout=RETIRE_TIMEOUT) as reply:
+            answer = json.loads(reply.read())
+    except (OSError, ValueError) as exc:
+        # Includes a 400 for a worker that left since the scheduler was asked: next round.
         logger.warning("scheduler did not retire workers %s: %s", names, exc)
-        return []
+        return [], {}
+    return list(answer.get("retired") or []), dict(answer.get("kept") or {})

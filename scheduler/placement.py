@@ -106,6 +106,11 @@ class ReadyQueues:
     def __len__(self) -> int:
         return sum(len(h) for h in self.by_shape.values())
 
+    def counts(self) -> dict[Shape, int]:
+        """Live queued tasks per shape (heaps also hold stale entries until popped)."""
+        found = {shape: sum(map(_live, heap)) for shape, heap in self.by_shape.items()}
+        return {shape: n for shape, n in found.items() if n}
+
     def drain(self, shape: Shape) -> list[TaskState]:
         """Remove and return every live queued task of one shape, in queue order."""
         heap = self.by_shape.pop(shape, [])

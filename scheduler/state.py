@@ -862,8 +862,7 @@ class SchedulerState:
                 for shape, tasks in self.no_worker.items()
             ],
             "queued": [
-                {"resources": dict(shape), "tasks": len(heap)}
-                for shape, heap in self.ready.by_shape.items()
+                {"resources": dict(shape), "tasks": n} for shape, n in self.ready.counts().items()
             ],
         }
 

@@ -115,6 +115,17 @@ def test_fractional_demands_that_sum_exactly_to_the_total_all_run_at_once(sim: S
     assert len(sim.outstanding()) == 20
 
 
+def test_info_counts_only_tasks_still_queued(sim: Sim) -> None:
+    """The autoscaler sizes groups from these counts: a cancelled task must not count."""
+    sim.add_worker("w", {"GPU": 1}, nthreads=4)
+    sim.submit_many([task(k, resources={"GPU": 1}) for k in "abcd"])
+    assert sim.state.info()["queued"] == [{"resources": {"GPU": 1}, "tasks": 3}]
+    sim.cancel("b", "c")  # their heap entries stay until popped
+    assert sim.state.info()["queued"] == [{"resources": {"GPU": 1}, "tasks": 1}]
+    sim.cancel("d")
+    assert sim.state.info()["queued"] == []
+
+
 def test_queued_task_starts_when_resources_free_up_and_is_reported_in_info(sim: Sim) -> None:
     sim.add_worker("w", {"GPU": 1}, nthreads=4)
     sim.submit_many([task("a", resources={"GPU": 1}), task("b", resources={"GPU": 1})])
