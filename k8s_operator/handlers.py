@@ -43,7 +43,8 @@ RECONCILE_INTERVAL = float(os.environ.get("APPORTION_OPERATOR_INTERVAL", "2"))
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    # Our own events are explicit (kopf.info/warn); handler log lines stay in the log.
+    # Our own events are explicit (kopf.event/warn); handler log lines stay in the log.
+    # (This level also silences kopf.info, hence kopf.event(type="Normal") below.)
     settings.posting.level = logging.WARNING
     settings.persistence.finalizer = "apportion.dev/operator"
 
@@ -133,8 +134,9 @@ def _autoscale(
     for group, reason in decision.reasons.items():
         if decision.targets[group] != desired[group]:
             verb = "ScaledUp" if decision.targets[group] > desired[group] else "ScaledDown"
-            kopf.info(
+            kopf.event(
                 owner,
+                type="Normal",
                 reason=verb,
                 message=f"group {group}: {desired[group]} -> {decision.targets[group]} "
                 f"worker(s): {reason}",
@@ -238,7 +240,7 @@ def _carry_out(
         for pod_name in retired:
             kube.delete_pod(spec.namespace, pod_name)
     if not todo.empty:
-        kopf.info(owner, reason="Reconciled", message=_describe(todo))
+        kopf.event(owner, type="Normal", reason="Reconciled", message=_describe(todo))
     return failures
 
 

@@ -24,7 +24,12 @@ from apportion.kubernetes import KubeCluster
 from .controlplane import Cluster
 from .deployment import Deployment, deploy_operator
 
-pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.k8s,
+    pytest.mark.timeout(600),
+    # GPU tasks wait for a group at 0 replicas: the client says so, as it should.
+    pytest.mark.filterwarnings("ignore::apportion.NoWorkerWarning"),
+]
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -132,6 +137,9 @@ def test_gpu_group_scales_from_zero_and_back_leaving_highmem_alone(elastic: Depl
         assert len(elastic.events("ScaledUp")) == ups
         assert elastic.group("elastic", "gpu")["desiredReplicas"] == 0
 
+    messages = list(scale_events(elastic).values())
+    assert any(m.startswith("group gpu: 0 -> 2 worker(s)") for m in messages), messages
+    assert any(m.startswith("group gpu: 2 -> 0") or "-> 0" in m for m in messages), messages
     (still,) = elastic.pods("app.kubernetes.io/instance=elastic,apportion.dev/group=highmem")
     assert still["metadata"]["uid"] == highmem["metadata"]["uid"]
     assert not any("highmem" in m for m in scale_events(elastic).values())
