@@ -53,6 +53,16 @@ class Deployment:
         out = self.kubectl("get", "events", "--field-selector", f"reason={reason}", "-o", "json")
         return [e.get("message", "") for e in json.loads(out.stdout)["items"]]
 
+    def reconciles(self) -> int:
+        """Timer reconciles the operator has finished so far (from its pod's log)."""
+        out = self.k8s.kubectl("get", "pods", "-n", self.system, "-o", "json")
+        pods = json.loads(out.stdout)["items"]
+        return sum(
+            "on_timer" in line and "succeeded" in line
+            for pod in pods
+            for line in self.k8s.pod_log(pod["metadata"]["name"], self.system).splitlines()
+        )
+
     def wait(self, condition: Any, what: str, timeout: float = 120) -> Any:
         return self.k8s.wait_for(condition, what, timeout=timeout)
 

@@ -159,3 +159,37 @@ def test_bursts_closer_than_the_timeout_scale_once_each_way(elastic: Deployment)
     events = [m for name, m in scale_events(elastic).items() if name not in before]
     # Up to 2 pods (one or two decisions) and down (one or two): never per burst.
     assert 2 <= len(events) <= 4, events
+
+
+def test_demand_no_group_can_meet_is_reported_once_and_not_scaled_for(
+    elastic: Deployment,
+) -> None:
+    cluster = KubeCluster.from_name(
+        "elastic", elastic.namespace, kubeconfig=str(elastic.k8s.kubeconfig), timeout=120
+    )
+    with Client(cluster) as client:
+        impossible = client.submit(where, resources={"GPU": 8}, pure=False)
+        unmet = elastic.wait(
+            lambda: elastic.status("elastic").get("unmetDemand"), "unmetDemand in status"
+        )
+        assert unmet == [
+            {
+                "resources": {"GPU": 8},
+                "tasks": 1,
+                "why": "no worker group can ever run it: GPU=8 needed, "
+                "the most a group offers is 2 (gpu)",
+            }
+        ]
+        elastic.wait(
+            lambda: [m for m in elastic.events("UnmetDemand") if "GPU=8" in m],
+            "UnmetDemand event",
+        )
+        # Three reconciles later: still one Event, and no GPU pod was started for it.
+        seen = elastic.reconciles()
+        elastic.wait(lambda: elastic.reconciles() >= seen + 3, "three more reconciles")
+        assert len([m for m in elastic.events("UnmetDemand") if "GPU=8" in m]) == 1
+        assert elastic.group("elastic", "gpu")["desiredReplicas"] == 0 and not gpu_pods(elastic)
+        impossible.cancel()
+        elastic.wait(
+            lambda: elastic.status("elastic").get("unmetDemand") == [], "unmetDemand cleared"
+        )
