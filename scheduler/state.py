@@ -561,7 +561,13 @@ class SchedulerState:
         stack = [ts]
         while stack:
             ts = stack.pop()
-            if ts.key not in self.tasks or self._needed(ts):
+            if ts.key not in self.tasks:
+                continue
+            if ts.state == "released" and ts.dependents:
+                # Nothing changes: its dependencies were visited when it was released (not
+                # stopping here walked a whole chain's released past at every step).
+                continue
+            if self._needed(ts):
                 continue
             if ts.state == "memory":
                 holders = ts.who_has

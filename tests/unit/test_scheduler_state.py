@@ -534,6 +534,32 @@ def test_intermediate_result_is_freed_once_its_dependents_are_in_memory(sim: Sim
     assert sim.freed == {"w": ["a"]}
 
 
+def test_a_long_chain_released_as_it_runs_costs_the_same_at_every_step(sim: Sim) -> None:
+    """Each step looks at a few tasks, not at the whole released past of the chain; the
+    past is still forgotten once the last result is released."""
+    sim.add_worker("w")
+    n = 300
+    sim.submit("k0")
+    for i in range(1, n):
+        sim.submit(f"k{i}", deps=[f"k{i - 1}"])
+    sim.release(*(f"k{i}" for i in range(n - 1)))  # the client holds only the last
+    needed = sim.state._needed
+    visits = []
+
+    def counting(ts: object) -> bool:
+        visits[-1] += 1
+        return needed(ts)  # type: ignore[arg-type]
+
+    sim.state._needed = counting  # type: ignore[method-assign]
+    for i in range(n):
+        visits.append(0)
+        sim.finish(f"k{i}")
+    assert max(visits) <= 4, visits
+    assert sim.states()[f"k{n - 1}"] == "memory"
+    sim.release(f"k{n - 1}")
+    assert sim.state.tasks == {}
+
+
 def test_release_of_a_waiting_chain_forgets_it_and_cancels_the_running_root(sim: Sim) -> None:
     sim.add_worker("w")
     sim.submit("a")
