@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from apportion import config
-from apportion.aio import background
+from apportion.aio import background, new_event_loop
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
 from apportion.errors import SchedulerConnectionError
@@ -48,7 +48,7 @@ class NoWorkerWarning(UserWarning):
 
 class _LoopThread:
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="apportion-client", daemon=True
         )
