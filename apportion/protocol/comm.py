@@ -86,7 +86,16 @@ class Comm:
         """Let other threads call ``send_from_thread``; call on the event-loop thread."""
         self._loop = asyncio.get_running_loop()
         # Reentrant: a holder (see Client._flush) may go on to write through this comm.
-        self.write_lock = threading.RLock()
+        lock = self.write_lock = threading.RLock()
+        # Tornado closes the socket itself (on a read error, say): never in the middle of
+        # a thread's send, whose file descriptor could otherwise be reused meanwhile.
+        close_fd = self.stream.close_fd
+
+        def close_fd_locked() -> None:
+            with lock:
+                close_fd()
+
+        self.stream.close_fd = close_fd_locked  # type: ignore[method-assign]
 
     @property
     def closed(self) -> bool:

@@ -51,6 +51,8 @@ def test_a_thread_write_never_overtakes_queued_messages() -> None:
         sender.flush()
         assert sender.send_from_thread([{"op": "direct"}])
         assert [m["op"] for m in await _read(receiver, 2)] == ["queued", "direct"]
+        sender.close()
+        assert not sender.send_from_thread([{"op": "closed"}])
 
     asyncio.run(main())
 
