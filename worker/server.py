@@ -489,14 +489,21 @@ class Worker:
         with self._report_lock:
             if task.cancelled or task.epoch != self.epoch or comm is not self.scheduler:
                 return False
-            if not ok:
-                return comm.send_from_thread([_erred_message(task, payload, text)])
-            # Stored before the scheduler hears of it: a peer may ask for it at once.
-            self.data[task.key] = value
-            if comm.send_from_thread([self._finished_message(task, payload)]):
-                return True
-            self.data.pop(task.key, None)
-            return False
+            if ok:
+                message = self._finished_message(task, payload)
+                # Stored before the scheduler hears of it: a peer may ask for it at once.
+                self.data[task.key] = value
+            else:
+                message = _erred_message(task, payload, text)
+            sent = False
+            try:
+                sent = comm.send_from_thread([message])
+            except Exception:
+                # The run must still be booked: the loop reports it (or logs why it cannot).
+                logger.exception("task thread could not report %s", task.key)
+            if ok and not sent:
+                self.data.pop(task.key, None)
+            return sent
 
     def _finished_message(self, task: LocalTask, payload: bytes) -> Message:
         message: Message = {
