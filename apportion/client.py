@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from apportion import config
-from apportion.aio import background
+from apportion.aio import background, new_event_loop
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
 from apportion.errors import SchedulerConnectionError
@@ -48,7 +48,7 @@ class NoWorkerWarning(UserWarning):
 
 class _LoopThread:
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="apportion-client", daemon=True
         )
@@ -89,7 +89,9 @@ class Client:
         self.token = token if token is not None else token_from_environment()
         self._states: dict[str, FutureState] = {}
         self._refs: dict[str, int] = {}
-        self._lock = threading.Lock()
+        # Reentrant: a Future's __del__ (which takes it) may run in garbage collection
+        # triggered while this thread holds it.
+        self._lock = threading.RLock()
         self._outgoing: list[Message] = []
         self._flush_scheduled = False
         self._functions = FunctionPickleCache()
@@ -113,6 +115,7 @@ class Client:
         self._comm, welcome = await connect(
             self.scheduler_address, "client", self.token, timeout=timeout
         )
+        self._comm.allow_thread_writes()
         self._pool = ConnectionPool("client", self.token)
         background(self._read_loop(self._comm))
         self._tick()
@@ -254,7 +257,27 @@ class Client:
             if self._flush_scheduled:
                 return
             self._flush_scheduled = True
+        if threading.get_ident() != self._io.thread.ident and self._send_from_this_thread():
+            return
         self._io.loop.call_soon_threadsafe(self._flush)
+
+    def _send_from_this_thread(self) -> bool:
+        """Write what is outgoing from the calling thread when the connection is idle: no
+        wake-up of the I/O thread on the way out. False: the I/O thread must flush."""
+        comm = self._comm
+        # The comm's lock first, then ours (as in _flush): batches leave in the order taken.
+        with comm.write_lock:
+            with self._lock:
+                messages, self._outgoing = self._outgoing, []
+                self._flush_scheduled = False
+            if comm.send_from_thread(messages):
+                return True
+            with self._lock:
+                self._outgoing[:0] = messages
+                if self._flush_scheduled:
+                    return True  # another thread has it in hand
+                self._flush_scheduled = True
+            return False
 
     def _tick(self) -> None:
         """Send releases left waiting (see _release); runs on the loop every RELEASE_DELAY."""
@@ -264,12 +287,13 @@ class Client:
             self._io.loop.call_later(RELEASE_DELAY, self._tick)
 
     def _flush(self) -> None:
-        with self._lock:
-            messages, self._outgoing = self._outgoing, []
-            self._flush_scheduled = False
-        if not self._comm.closed:
-            self._comm.send_many(messages)
-            self._comm.flush()  # already batched by _post: no need to wait another tick
+        comm = self._comm
+        with comm.write_lock:
+            with self._lock:
+                messages, self._outgoing = self._outgoing, []
+                self._flush_scheduled = False
+            if messages and not comm.closed:
+                comm.send_now(messages)  # already batched by _post: no need to wait a tick
 
     # ---------------------------------------------------------------- results
     def gather(self, futures: Any, errors: str = "raise") -> Any:

@@ -58,6 +58,8 @@ DEFAULTS: dict[str, Any] = {
     "comm": {
         "max-frame-bytes": 1 << 30,
         "connect-timeout": 10.0,
+        # "uvloop" (where installed; faster I/O and wake-ups) or "asyncio".
+        "event-loop": "uvloop",
     },
 }
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from tornado.ioloop import PeriodicCallback
 
+from apportion import aio
 from apportion.aio import background
 
 # LocalCluster sets this so its children exit if it dies without cleaning up.
@@ -62,7 +63,7 @@ def serve(
         await finished()
 
     try:
-        asyncio.run(main())
+        aio.run(main())
     finally:
         logging.shutdown()
         sys.stdout.flush()

@@ -2,8 +2,8 @@
 
 Rule: a task needing demand D may go to worker W only if ``total(W) >= D`` and
 is assigned only when ``free(W) >= D`` and W has a free slot. Among those,
-prefer the worker holding most bytes of the task's dependencies, else the
-least loaded one.
+prefer the worker holding most bytes of the task's dependencies, else an idle
+one (the scheduler offers the most recently idle first), else the least loaded one.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def pick_worker(
     """Choose a worker that can start ``ts`` now, or None if every fitting worker is full.
 
     ``idle`` (optional) lists the workers of ``with_slots`` running nothing; they are tried
-    first. ``floor`` is a lower bound on the load of the others: the scan stops at the
-    first worker reaching it, so a busy cluster is not scanned whole for every task.
+    first, in the order given. ``floor`` is a lower bound on the load of the others: the
+    scan stops at the first worker reaching it, so a busy cluster is not scanned whole for
+    every task.
     """
     if ts.dependencies:
         best: WorkerState | None = None

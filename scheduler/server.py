@@ -32,6 +32,11 @@ from apportion.resources import validate
 
 logger = logging.getLogger("apportion.scheduler")
 
+# Messages that may wait (DEFER_DELAY seconds at most) for the next message to their
+# worker: waking a worker for them costs a busy machine more than the memory they free.
+DEFERRABLE_OPS = frozenset({"free-keys"})
+DEFER_DELAY = 0.05
+
 
 class Scheduler:
     def __init__(
@@ -231,7 +236,17 @@ class Scheduler:
             if reply is not None and not reply.done():
                 reply.set_result(messages[-1])
             comm = self.comms.get(dest)
-            if comm is not None and not comm.closed:
+            if comm is None or comm.closed:
+                continue
+            if all(m["op"] in DEFERRABLE_OPS for m in messages):
+                # Only freeing memory: no need to wake that worker now.
+                comm.send_later(messages, DEFER_DELAY)
+            elif dest in self.state.workers:
+                # A worker's messages come from what this one read: nothing more for it is
+                # likely this tick, and it starts sooner.
+                comm.send_now(messages)
+            else:
+                # Clients hear of results read from several workers: one frame per tick.
                 comm.send_many(messages)
 
     # ------------------------------------------------------ client.run broadcast

@@ -55,6 +55,8 @@ class SchedulerState:
         # Workers with free slots and nothing running (a subset of with_slots), and the most
         # threads any worker has had: other workers' loads are >= 1 / max_threads, which
         # lets pick_worker stop at the first such worker instead of scanning them all.
+        # In the order they became idle: the last one is offered first, as its process is
+        # the likeliest still awake and warm (one-at-a-time work stays on one worker).
         self.idle: dict[WorkerState, None] = {}
         self._max_threads = 1
         self.prefetch = int(config.get("scheduler.worker-prefetch"))
@@ -657,7 +659,9 @@ class SchedulerState:
         # No worker has a free slot: nothing can start now (the common case under load).
         ws = None
         if self.with_slots:
-            ws = pick_worker(ts, fitting, self.with_slots, self.idle, 1 / self._max_threads)
+            ws = pick_worker(
+                ts, fitting, self.with_slots, reversed(self.idle), 1 / self._max_threads
+            )
         if ws is None:
             ts.state = "queued"
             self.ready.push(ts)
@@ -740,7 +744,13 @@ class SchedulerState:
         stack = [ts]
         while stack:
             ts = stack.pop()
-            if ts.key not in self.tasks or self._needed(ts):
+            if ts.key not in self.tasks:
+                continue
+            if ts.state == "released" and ts.dependents:
+                # Nothing changes: its dependencies were visited when it was released (not
+                # stopping here walked a whole chain's released past at every step).
+                continue
+            if self._needed(ts):
                 continue
             if ts.state == "memory":
                 if self.copying and ts in self.copying:

@@ -39,6 +39,9 @@ logger = logging.getLogger("apportion.worker")
 
 # What a task thread hands back: (ok, value, pickled value or exception, traceback).
 Outcome = tuple[bool, Any, bytes | None, str]
+# A finished run for the loop: the task, its outcome, and whether its thread already told
+# the scheduler (see Worker._report).
+Done = tuple["LocalTask", Outcome, bool]
 
 
 class LocalTask:
@@ -113,9 +116,14 @@ class Worker:
         # outcomes come back in _done, drained by one loop callback per burst (see _task_thread).
         self._jobs: queue.SimpleQueue[LocalTask | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._done: collections.deque[tuple[LocalTask, Outcome]] = collections.deque()
+        self._done: collections.deque[Done] = collections.deque()
         self._done_lock = threading.Lock()
+        # Task threads report to the scheduler under it; a reconnection changes the epoch
+        # and forgets the data under it too.
+        self._report_lock = threading.Lock()
         self._drain_scheduled = False
+        # Messages for the scheduler collected while draining outcomes (see _drain_done).
+        self._burst: list[Message] | None = None
         self.peers = ConnectionPool("peer", token)
         self.listener = Listener(self._serve_peer, token, roles=("peer", "client"))
         self.scheduler: Comm | None = None
@@ -175,6 +183,7 @@ class Worker:
                 self.scheduler, _ = await connect(
                     self.scheduler_address, "worker", self.token, hello
                 )
+                self.scheduler.allow_thread_writes()
                 break
             except ConnectionRefusedError as exc:
                 # A name still held by our previous (dead) self clears up soon; others don't.
@@ -217,12 +226,16 @@ class Worker:
         self.finished.set()
 
     def _send_heartbeat(self) -> None:
+        self._start_ready()  # books runs reported by their threads while the loop slept
         if self.scheduler is not None and not self.scheduler.closed:
             self.scheduler.send({"op": "heartbeat"})
 
     def _send(self, message: Message) -> None:
         if self.scheduler is not None and not self.scheduler.closed:
-            self.scheduler.send(message)
+            if self._burst is not None:
+                self._burst.append(message)  # sent as one frame when the drain ends
+            else:
+                self.scheduler.send(message)
 
     # ------------------------------------------------------ scheduler messages
     async def _serve_scheduler(self) -> None:
@@ -270,7 +283,9 @@ class Worker:
         Running threads cannot be stopped; they keep their resources in the ledger until
         they end, and their results are dropped (their run ids mean nothing any more).
         """
-        self.epoch += 1
+        with self._report_lock:
+            self.epoch += 1
+            self.data.clear()
         for task in list(self.tasks.values()):
             if task.state == "running":
                 task.cancelled = True
@@ -278,7 +293,6 @@ class Worker:
             else:
                 self._drop(task)
         self.ready.clear()
-        self.data.clear()
         self.fetched.clear()
         self.fetched_refs.clear()
 
@@ -396,6 +410,7 @@ class Worker:
         self._start_ready()
 
     def _start_ready(self) -> None:
+        self._book_done()  # their threads and resources are free again
         while self.running < self.nthreads and self.ready:
             task = self._next_startable()
             if task is None:
@@ -425,7 +440,15 @@ class Worker:
             task = self._jobs.get()
             if task is None:
                 return
-            self._done.append((task, self._execute(task)))
+            outcome = self._execute(task)
+            reported = self._report(task, outcome)
+            self._done.append((task, outcome, reported))
+            if reported and not self.ready:
+                # The scheduler knows. The loop books the run when it next starts tasks
+                # (any new one: _start_ready) or at the heartbeat; waking it now would only
+                # take the CPU from the scheduler and client. Checked after the append:
+                # a task made ready meanwhile either is seen here or sees the outcome.
+                continue
             # Wake the loop only if no drain is pending already: one wake-up per burst.
             with self._done_lock:
                 if self._drain_scheduled:
@@ -441,11 +464,18 @@ class Worker:
         # schedules another drain.
         with self._done_lock:
             self._drain_scheduled = False
+        self._burst = []
+        try:
+            self._start_ready()
+        finally:
+            burst, self._burst = self._burst, None
+        if burst and self.scheduler is not None and not self.scheduler.closed:
+            self.scheduler.send_now(burst)  # the whole burst at once, not next tick
+
+    def _book_done(self) -> None:
+        """Book the runs whose threads finished (see _task_thread)."""
         while self._done:
-            task, outcome = self._done.popleft()
-            self._on_done(task, outcome)
-        if self.scheduler is not None and not self.scheduler.closed:
-            self.scheduler.flush()  # the whole burst is queued: send it now, not next tick
+            self._on_done(*self._done.popleft())
 
     def _execute(self, task: LocalTask) -> Outcome:
         """Runs in a task thread: returns (ok, value, pickled, traceback)."""
@@ -463,6 +493,45 @@ class Worker:
         except BaseException as exc:
             data, text = dumps_exception(exc)
             return False, None, data, text
+
+    def _report(self, task: LocalTask, outcome: Outcome) -> bool:
+        """In the task thread: tell the scheduler at once when the connection is idle,
+        rather than waking the loop first (which still does the bookkeeping, _on_done).
+        False: nothing was sent, the loop reports."""
+        comm = self.scheduler
+        if comm is None:
+            return False
+        ok, value, payload, text = outcome
+        assert payload is not None
+        with self._report_lock:
+            if task.cancelled or task.epoch != self.epoch or comm is not self.scheduler:
+                return False
+            if ok:
+                message = self._finished_message(task, payload)
+                # Stored before the scheduler hears of it: a peer may ask for it at once.
+                self.data[task.key] = value
+            else:
+                message = _erred_message(task, payload, text)
+            sent = False
+            try:
+                sent = comm.send_from_thread([message])
+            except Exception:
+                # The run must still be booked: the loop reports it (or logs why it cannot).
+                logger.exception("task thread could not report %s", task.key)
+            if ok and not sent:
+                self.data.pop(task.key, None)
+            return sent
+
+    def _finished_message(self, task: LocalTask, payload: bytes) -> Message:
+        message: Message = {
+            "op": "task-finished",
+            "key": task.key,
+            "run_id": task.run_id,
+            "nbytes": len(payload),
+        }
+        if len(payload) <= self.inline_limit:
+            message["data"] = payload
+        return message
 
     def _call(self, func: bytes, args: bytes, task: TaskInfo | None) -> Any:
         """Call a pickled function with its arguments, ``get_worker()`` answering meanwhile."""
@@ -482,31 +551,24 @@ class Worker:
         finally:
             set_current(None)
 
-    def _on_done(self, task: LocalTask, outcome: Outcome) -> None:
+    def _on_done(self, task: LocalTask, outcome: Outcome, reported: bool) -> None:
         self.running -= 1
         self.ledger.release(task.shape, task.units)
         if task.epoch != self.epoch:
-            self._start_ready()  # a run the current scheduler never heard of
-            return
+            return  # a run the current scheduler never heard of
         self._drop(task)
-        if task.cancelled:
+        if reported:
+            pass  # its thread told the scheduler (a cancel since crossed it, as on the wire)
+        elif task.cancelled:
             self._send({"op": "task-released", "key": task.key, "run_id": task.run_id})
         else:
             ok, value, payload, text = outcome
+            assert payload is not None
             if ok:
                 self.data[task.key] = value
-                message: Message = {
-                    "op": "task-finished",
-                    "key": task.key,
-                    "run_id": task.run_id,
-                    "nbytes": len(payload),
-                }
-                if len(payload) <= self.inline_limit:
-                    message["data"] = payload
-                self._send(message)
+                self._send(self._finished_message(task, payload))
             else:
                 self._send(_erred_message(task, payload, text))
-        self._start_ready()
 
     async def _on_run(self, message: Message) -> None:
         """``client.run``: call a function in this worker process and answer."""

@@ -8,9 +8,11 @@ on a timer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,7 +60,8 @@ def format_address(host: str, port: int, scheme: str | None = None) -> str:
 
 
 class Comm:
-    """One framed, batched connection. Use from the event-loop thread only."""
+    """One framed, batched connection. Use from the event-loop thread only, except
+    ``send_from_thread`` once ``allow_thread_writes`` was called."""
 
     def __init__(self, stream: IOStream, peer: str, max_frame: int | None = None) -> None:
         self.stream = stream
@@ -66,12 +69,33 @@ class Comm:
         self.max_frame = max_frame or int(config.get("comm.max-frame-bytes"))
         self._queue: list[Message] = []
         self._flush_pending = False
+        self._later_pending = False
         self._closed_reason: str | None = None
         # Messages that arrived in the same frame as the handshake reply, for the next read.
         self._backlog: list[Message] = []
         # Plain TCP (not TLS): a frame may go straight to the socket when nothing is queued.
         self._direct = type(stream) is IOStream
         stream.set_nodelay(True)
+        # Held while writing, once other threads may write too (see allow_thread_writes).
+        self.write_lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Bytes a thread could not send whole; the loop writes them before anything else.
+        self._handoff: list[bytes] = []
+
+    def allow_thread_writes(self) -> None:
+        """Let other threads call ``send_from_thread``; call on the event-loop thread."""
+        self._loop = asyncio.get_running_loop()
+        # Reentrant: a holder (see Client._flush) may go on to write through this comm.
+        lock = self.write_lock = threading.RLock()
+        # Tornado closes the socket itself (on a read error, say): never in the middle of
+        # a thread's send, whose file descriptor could otherwise be reused meanwhile.
+        close_fd = self.stream.close_fd
+
+        def close_fd_locked() -> None:
+            with lock:
+                close_fd()
+
+        self.stream.close_fd = close_fd_locked  # type: ignore[method-assign]
 
     @property
     def closed(self) -> bool:
@@ -88,6 +112,29 @@ class Comm:
     def send_many(self, messages: list[Message]) -> None:
         for message in messages:
             self.send(message)
+
+    def send_now(self, messages: list[Message]) -> None:
+        """Write these (after anything queued) at once, as one frame: for callers that
+        batched them already, so they neither wait a tick nor leave a callback behind."""
+        if self.closed:
+            raise CommClosedError(f"connection to {self.peer} is closed: {self._closed_reason}")
+        self._queue.extend(messages)
+        self._flush()
+
+    def send_later(self, messages: list[Message], delay: float) -> None:
+        """Queue messages that may wait: they leave with the next ``send``, or after ``delay``
+        seconds at the latest. Order with other messages is kept (one queue)."""
+        if self.closed:
+            raise CommClosedError(f"connection to {self.peer} is closed: {self._closed_reason}")
+        self._queue.extend(messages)
+        if not self._flush_pending and not self._later_pending:
+            self._later_pending = True
+            asyncio.get_running_loop().call_later(delay, self._flush_later)
+
+    def _flush_later(self) -> None:
+        self._later_pending = False
+        if not self._flush_pending:
+            self._flush()
 
     def flush(self) -> None:
         """Write what is queued now instead of on the next loop tick (saves a tick)."""
@@ -109,7 +156,45 @@ class Comm:
         middle = len(batch) // 2
         return self._frames(batch[:middle]) + self._frames(batch[middle:])
 
+    def send_from_thread(self, messages: list[Message]) -> bool:
+        """From any thread: write now when the connection is idle, saving the wake-up of
+        the loop. False, with nothing written, when it is not (TLS, bytes still buffered,
+        messages queued, closed): then send through the loop."""
+        if self._loop is None or not self._direct:
+            return False
+        with self.write_lock:
+            if self._queue or self._handoff or self.closed or self.stream.writing():
+                return False
+            frames = self._frames(messages)
+            for i, frame in enumerate(frames):
+                try:
+                    sent = self.stream.socket.send(frame)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    return i > 0  # the connection broke: the loop hears of it when reading
+                if sent < len(frame):
+                    # Socket buffer full: the loop writes the rest, before anything else.
+                    self._handoff = [frame[sent:], *frames[i + 1 :]]
+                    self._loop.call_soon_threadsafe(self._write_handoff)
+                    return True
+            return True
+
+    def _write_handoff(self) -> None:
+        with self.write_lock:
+            if self._handoff and not self.closed:
+                self._write_locked(b"")
+
     def _write(self, data: bytes) -> None:
+        with self.write_lock:
+            self._write_locked(data)
+
+    def _write_locked(self, data: bytes) -> None:
+        if self._handoff:
+            data = b"".join([*self._handoff, data])
+            self._handoff = []
+        if not data:
+            return
         stream = self.stream
         if self._direct and not stream.writing() and not stream.closed():
             # Nothing queued in tornado: send directly, skipping its write future and the
@@ -133,7 +218,11 @@ class Comm:
         """Send now and wait until the bytes are handed to the kernel."""
         self._flush()
         try:
-            await self.stream.write(encode(messages))
+            with self.write_lock:
+                if self._handoff:
+                    self._write_locked(b"")
+                future = self.stream.write(encode(messages))
+            await future
         except StreamClosedError:
             self.close("peer closed the connection")
             raise CommClosedError(f"connection to {self.peer} closed while writing") from None

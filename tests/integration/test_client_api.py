@@ -151,6 +151,27 @@ def test_client_is_thread_safe(client: Client) -> None:
     )
 
 
+def test_threads_doing_round_trips_at_once_share_keys(client: Client) -> None:
+    """Each submit may be written by its own thread; the same pure keys are dropped and
+    submitted again by other threads meanwhile, so a release must never overtake them."""
+    errors: list[BaseException] = []
+
+    def round_trips() -> None:
+        try:
+            for i in range(100):
+                assert client.submit(inc, i % 7).result(timeout=30) == i % 7 + 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=round_trips) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors
+    assert not any(thread.is_alive() for thread in threads)
+
+
 def test_unpicklable_argument_is_a_clear_error_at_submit(client: Client) -> None:
     with pytest.raises(TypeError, match="cannot serialize task arguments"):
         client.submit(inc, threading.Lock())
