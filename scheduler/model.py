@@ -29,7 +29,6 @@ class TaskState:
         "no_worker_since",
         "priority",
         "processing_on",
-        "queue_token",
         "retries",
         "run_id",
         "seq",
@@ -75,7 +74,6 @@ class TaskState:
         self.traceback: str | None = None
         self.suspicious = 0
         self.no_worker_since: float | None = None
-        self.queue_token = 0
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"

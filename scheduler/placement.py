@@ -8,7 +8,9 @@ one (the scheduler offers the most recently idle first), else the least loaded o
 
 from __future__ import annotations
 
+import bisect
 import heapq
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -83,58 +85,110 @@ def explain_no_worker(shape: Shape, workers: Iterable[WorkerState]) -> str:
     )
 
 
-def _live(entry: tuple[int, int, int, TaskState]) -> bool:
-    """A heap entry still stands for its task: queued, and queued by this very push."""
-    return entry[3].state == "queued" and entry[3].queue_token == entry[2]
+class _ShapeQueue:
+    """Queued tasks of one demand shape: a FIFO lane per priority, in submission order.
+
+    Nearly all tasks of a shape share one priority, so the usual push is an append and the
+    usual pop a popleft of the most urgent lane (``top``): no comparisons, unlike a heap.
+    A task that left the queue another way stays in its lane until it reaches the head
+    (its state is no longer "queued" there); one queued again may sit in its lane twice,
+    always at its own seq, so the first copy met is the one taken.
+    """
+
+    __slots__ = ("lanes", "order", "top", "top_priority")
+
+    def __init__(self, priority: int) -> None:
+        self.top: deque[TaskState] = deque()
+        self.top_priority = priority
+        self.lanes: dict[int, deque[TaskState]] = {priority: self.top}
+        self.order: list[int] = [-priority]  # heap of -priority: lanes, most urgent first
+
+    def lane(self, priority: int) -> deque[TaskState]:
+        lane = self.lanes.get(priority)
+        if lane is None:
+            lane = self.lanes[priority] = deque()
+            heapq.heappush(self.order, -priority)
+            if priority > self.top_priority:
+                self.top, self.top_priority = lane, priority
+        return lane
+
+    def head(self) -> TaskState | None:
+        """The most urgent live task, dropping stale entries and emptied lanes on the way."""
+        while True:
+            lane = self.top
+            while lane:
+                if lane[0].state == "queued":
+                    return lane[0]
+                lane.popleft()
+            del self.lanes[self.top_priority]
+            heapq.heappop(self.order)
+            if not self.order:
+                return None
+            self.top_priority = -self.order[0]
+            self.top = self.lanes[self.top_priority]
+
+    def live(self) -> list[TaskState]:
+        """Every live queued task once, most urgent first."""
+        found: dict[TaskState, None] = {}
+        for priority in sorted(self.lanes, reverse=True):
+            found.update((ts, None) for ts in self.lanes[priority] if ts.state == "queued")
+        return list(found)
 
 
 class ReadyQueues:
     """Ready tasks bucketed by demand shape; each bucket ordered by (priority, submission)."""
 
     def __init__(self) -> None:
-        self.by_shape: dict[Shape, list[tuple[int, int, int, TaskState]]] = {}
-        self._tokens = 0
+        self.by_shape: dict[Shape, _ShapeQueue] = {}
 
     def push(self, ts: TaskState) -> None:
-        heap = self.by_shape.get(ts.shape)
-        if heap is None:
-            heap = self.by_shape[ts.shape] = []
-        # The token tells a live entry from a stale one left by an earlier stay in the queue.
-        self._tokens += 1
-        ts.queue_token = self._tokens
-        heapq.heappush(heap, (-ts.priority, ts.seq, self._tokens, ts))
+        queue = self.by_shape.get(ts.shape)
+        if queue is None:
+            queue = self.by_shape[ts.shape] = _ShapeQueue(ts.priority)
+        lane = queue.top if ts.priority == queue.top_priority else queue.lane(ts.priority)
+        if not lane or lane[-1].seq < ts.seq:
+            lane.append(ts)
+        else:  # back in the queue after newer tasks (a lost worker's run): keep seq order
+            bisect.insort(lane, ts, key=_seq)
 
     def __len__(self) -> int:
-        return sum(len(h) for h in self.by_shape.values())
+        return sum(len(lane) for queue in self.by_shape.values() for lane in queue.lanes.values())
 
     def counts(self) -> dict[Shape, int]:
-        """Live queued tasks per shape (heaps also hold stale entries until popped)."""
-        found = {shape: sum(map(_live, heap)) for shape, heap in self.by_shape.items()}
+        """Live queued tasks per shape (lanes also hold stale entries until they are reached)."""
+        found = {shape: len(queue.live()) for shape, queue in self.by_shape.items()}
         return {shape: n for shape, n in found.items() if n}
 
     def drain(self, shape: Shape) -> list[TaskState]:
         """Remove and return every live queued task of one shape, in queue order."""
-        heap = self.by_shape.pop(shape, [])
-        return [entry[3] for entry in sorted(heap) if _live(entry)]
+        queue = self.by_shape.pop(shape, None)
+        return [] if queue is None else queue.live()
 
     def pop_for(self, ws: WorkerState) -> TaskState | None:
         """Remove and return the most urgent queued task ``ws`` can start now."""
-        best: tuple[int, int, int, TaskState] | None = None
+        best: TaskState | None = None
+        best_queue: _ShapeQueue | None = None
         emptied: list[Shape] = []
         fitting, free = ws.fitting_shapes, ws.free
-        for shape, heap in self.by_shape.items():
-            if shape not in fitting or (shape and not fits(shape, free)):
+        for shape, queue in self.by_shape.items():
+            # Every worker fits the empty demand (it is in every worker's fitting shapes).
+            if shape and (shape not in fitting or not fits(shape, free)):
                 continue
-            while heap and not _live(heap[0]):
-                heapq.heappop(heap)  # lazily drop tasks that left the queue another way
-            if not heap:
+            lane = queue.top
+            ts = lane[0] if lane and lane[0].state == "queued" else queue.head()
+            if ts is None:
                 emptied.append(shape)
-            # Entries order by (-priority, seq, ...); seq is unique, so tasks never compare.
-            elif best is None or heap[0] < best:
-                best = heap[0]
+            elif best is None or (
+                ts.priority > best.priority if ts.priority != best.priority else ts.seq < best.seq
+            ):
+                best, best_queue = ts, queue
         for shape in emptied:
             del self.by_shape[shape]
-        if best is None:
+        if best_queue is None:
             return None
-        heapq.heappop(self.by_shape[best[3].shape])
-        return best[3]
+        best_queue.top.popleft()
+        return best
+
+
+def _seq(ts: TaskState) -> int:
+    return ts.seq

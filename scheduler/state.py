@@ -14,7 +14,9 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable, Hashable
+from operator import attrgetter
 from typing import Any
 
 from apportion.scheduler.model import ACTIVE, NOTHING, TaskState, WorkerState
@@ -27,6 +29,7 @@ from apportion.resources import Shape, fits, format_resources, to_shape
 from apportion.serialize import dumps_value
 
 logger = logging.getLogger("apportion.scheduler")
+_address = attrgetter("address")
 
 Message = dict[str, Any]
 
@@ -43,7 +46,7 @@ class SchedulerState(RetirementMixin):
         # Every demand shape seen, with the workers whose totals cover it.
         self.fitting: dict[Shape, set[WorkerState]] = {}
         self.no_worker: dict[Shape, dict[TaskState, None]] = {}
-        self.outbox: dict[str, list[Message]] = {}
+        self.outbox: defaultdict[str, list[Message]] = defaultdict(list)
         self._notices: dict[tuple[str, Shape], list[str]] = {}
         self._seq = itertools.count()
         self._run_ids = itertools.count(1)
@@ -81,10 +84,7 @@ class SchedulerState(RetirementMixin):
 
     # ------------------------------------------------------------------ output
     def send(self, dest: str, message: Message) -> None:
-        box = self.outbox.get(dest)
-        if box is None:
-            box = self.outbox[dest] = []
-        box.append(message)
+        self.outbox[dest].append(message)
 
     def take_outbox(self) -> dict[str, list[Message]]:
         if self.retirements:
@@ -100,7 +100,7 @@ class SchedulerState(RetirementMixin):
                 },
             )
         self._notices.clear()
-        out, self.outbox = self.outbox, {}
+        out, self.outbox = self.outbox, defaultdict(list)
         return out
 
     # ----------------------------------------------------------------- clients
@@ -160,9 +160,10 @@ class SchedulerState(RetirementMixin):
                 continue
             ts.dependencies = [tasks[dep] for dep in deps]
             for dep in ts.dependencies:
-                if dep.dependents is NOTHING:
-                    dep.dependents = set()
-                dep.dependents.add(ts)
+                dependents = dep.dependents
+                if not isinstance(dependents, set):  # NOTHING until the first dependent
+                    dependents = dep.dependents = set()
+                dependents.add(ts)
             new.append(ts)
         # Most urgent first, so priority holds within one batch as well as across batches
         # (already so when no task has a priority: seq follows the order of the batch).
@@ -321,8 +322,9 @@ class SchedulerState(RetirementMixin):
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
         finished = self._finished_message(ts, msg.get("data"))
+        outbox = self.outbox
         for wanter in ts.who_wants:
-            self.send(wanter, finished)
+            outbox[wanter].append(finished)
         for dependent in ts.dependents:
             if dependent.state == "waiting":
                 dependent.n_waiting -= 1
@@ -458,10 +460,10 @@ class SchedulerState(RetirementMixin):
         fitting = self.fitting.get(ts.shape)
         if fitting is None:
             fitting = self.fitting[ts.shape] = set()
-            for ws in self.workers.values():
-                if fits(ts.shape, ws.total):
-                    fitting.add(ws)
-                    ws.fitting_shapes.add(ts.shape)
+            for worker in self.workers.values():
+                if fits(ts.shape, worker.total):
+                    fitting.add(worker)
+                    worker.fitting_shapes.add(ts.shape)
         if not fitting:
             ts.state = "no-worker"
             ts.no_worker_since = self.clock()
@@ -489,26 +491,29 @@ class SchedulerState(RetirementMixin):
         if not ws.processing:
             self.idle.pop(ws, None)
             ws.idle_since = None
-        ws.processing[run_id] = ts
-        for name, amount in ts.shape:
-            ws.used[name] += amount
-            ws.free[name] = ws.total[name] - ws.used[name]
-        if len(ws.processing) >= ws.slots:
+        processing = ws.processing
+        processing[run_id] = ts
+        shape = ts.shape
+        if shape:
+            used, free, total = ws.used, ws.free, ws.total
+            for name, amount in shape:
+                used[name] += amount
+                free[name] = total[name] - used[name]
+        if len(processing) >= ws.slots:
             self.with_slots.pop(ws, None)
-        self.send(
-            ws.address,
+        self.outbox[ws.address].append(
             {
                 "op": "compute",
                 "key": ts.key,
                 "run_id": run_id,
                 "func": ts.func,
                 "args": ts.args,
-                "deps": {d.key: [w.address for w in d.who_has] for d in ts.dependencies}
+                "deps": {d.key: list(map(_address, d.who_has)) for d in ts.dependencies}
                 if ts.dependencies
                 else {},
-                "resources": dict(ts.shape) if ts.shape else {},
+                "resources": dict(shape) if shape else {},
                 "priority": ts.priority,
-            },
+            }
         )
 
     def _end_run(self, ws: WorkerState | None, run_id: int) -> TaskState | None:
@@ -522,20 +527,21 @@ class SchedulerState(RetirementMixin):
             ws.idle_since = self.clock()
             if ws.slots > 0 and ws.address in self.workers:
                 self.idle[ws] = None
+        used, free, total = ws.used, ws.free, ws.total
         for name, amount in ts.shape:
-            ws.used[name] -= amount
+            left = used[name] - amount
             # Float sums of fractional demands drift; snap to the exact totals.
-            if abs(ws.used[name]) < 1e-9:
-                ws.used[name] = 0
-            ws.free[name] = ws.total[name] - ws.used[name]
+            used[name] = left = 0 if -1e-9 < left < 1e-9 else left
+            free[name] = total[name] - left
         if ws.address in self.workers and len(ws.processing) < ws.slots:
             self.with_slots[ws] = None
         return ts
 
     def _fill(self, ws: WorkerState) -> None:
         """Hand queued tasks to a worker while it has free slots and resources."""
-        while len(ws.processing) < ws.slots and self.ready.by_shape:
-            ts = self.ready.pop_for(ws)
+        ready = self.ready
+        while len(ws.processing) < ws.slots and ready.by_shape:
+            ts = ready.pop_for(ws)
             if ts is None:
                 return
             self._assign(ts, ws)
@@ -635,7 +641,7 @@ class SchedulerState(RetirementMixin):
             "op": "task-finished",
             "key": ts.key,
             "nbytes": ts.nbytes,
-            "who_has": [ws.address for ws in ts.who_has],
+            "who_has": list(map(_address, ts.who_has)),
         }
         if data is not None:
             message["data"] = data

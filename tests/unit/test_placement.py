@@ -89,6 +89,69 @@ def test_ready_queue_drops_stale_entries_lazily() -> None:
     assert queues.by_shape == {}
 
 
+def _pop_all(queues: ReadyQueues, ws: WorkerState) -> list[str]:
+    order = []
+    while (ts := queues.pop_for(ws)) is not None:
+        order.append(ts.key)
+        ts.state = "processing"
+    return order
+
+
+def test_ready_queue_serves_a_more_urgent_lane_that_opens_later_first() -> None:
+    ws = worker("w", nthreads=8)
+    queues = ReadyQueues()
+    tasks = [
+        queued("low-1", priority=0, seq=0),
+        queued("low-2", priority=0, seq=1),
+        queued("high", priority=5, seq=2),  # opens a lane above the current top
+        queued("lowest", priority=-3, seq=3),
+        queued("high-2", priority=5, seq=4),
+    ]
+    for ts in tasks:
+        queues.push(ts)
+        ws.fitting_shapes.add(ts.shape)
+    assert _pop_all(queues, ws) == ["high", "high-2", "low-1", "low-2", "lowest"]
+    assert queues.by_shape == {}
+
+
+def test_ready_queue_puts_a_requeued_task_back_at_its_submission_place() -> None:
+    ws = worker("w", nthreads=8)
+    queues = ReadyQueues()
+    first, second, third = (queued(k, seq=i) for i, k in enumerate(["first", "second", "third"]))
+    for ts in (first, second, third):
+        queues.push(ts)
+        ws.fitting_shapes.add(ts.shape)
+    assert queues.pop_for(ws) is first
+    first.state = "queued"  # its worker died: it goes back, ahead of newer tasks
+    queues.push(first)
+    assert _pop_all(queues, ws) == ["first", "second", "third"]
+
+
+def test_ready_queue_counts_and_drains_a_task_queued_twice_once() -> None:
+    queues = ReadyQueues()
+    ts, other = queued("t", seq=0), queued("u", seq=1)
+    queues.push(ts)
+    queues.push(other)
+    ts.state = "waiting"  # left the queue another way (a dependency was lost) ...
+    ts.state = "queued"  # ... and came back before its old entry was reached
+    queues.push(ts)
+    assert queues.counts() == {to_shape(None): 2}
+    assert queues.drain(to_shape(None)) == [ts, other]
+    assert queues.by_shape == {}
+
+
+def test_ready_queue_with_a_priority_per_task_pops_in_priority_order() -> None:
+    ws = worker("w", nthreads=8)
+    queues = ReadyQueues()
+    priorities = [(i * 7919) % 101 - 50 for i in range(200)]  # 101 distinct, shuffled
+    for seq, priority in enumerate(priorities):
+        ts = queued(f"t{seq}", priority=priority, seq=seq)
+        queues.push(ts)
+        ws.fitting_shapes.add(ts.shape)
+    expected = [f"t{seq}" for seq in sorted(range(200), key=lambda s: (-priorities[s], s))]
+    assert _pop_all(queues, ws) == expected
+
+
 @pytest.mark.parametrize(
     ("running", "total", "demand", "expected"),
     [
