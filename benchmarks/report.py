@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchmarks import floor
 from benchmarks.workloads import METRICS, Metric
 
 NA = "n/a"
@@ -114,6 +115,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"after: `{meta['uptime_end']}`. x peer: apportion's advantage (>1: apportion "
         "better; for times and bytes, peer/apportion).",
     ]
+    if machine := floor.describe(meta.get("floor")):
+        lines += ["", machine]
     return "\n".join(lines) + "\n"
 
 
@@ -126,7 +129,8 @@ def print_table(results: dict[str, Any]) -> None:
     meta = results["meta"]
     table = Table(
         title=f"medians of {meta['reps']} reps{' (quick sizes)' if meta['quick'] else ''}",
-        caption=f"load: {meta['uptime_start']}  →  {meta['uptime_end']}",
+        caption=f"load: {meta['uptime_start']}  →  {meta['uptime_end']}\n"
+        + floor.describe(meta.get("floor")),
     )
     table.add_column("workload")
     table.add_column("unit")

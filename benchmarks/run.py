@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report
+from benchmarks import floor, report
 from benchmarks.pathing import child_pythonpath, import_dir
 from benchmarks.systems import SYSTEMS, available
 from benchmarks.workloads import CLUSTER_WORKLOADS, Sizes
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: list[dict[str, Any]] = []
     uptime_start, engine_start = _output(["uptime"]), _engine_revision()
+    machine_floor = floor.measure()
     for rep in range(reps):
         _wait_for_low_load(opts.max_load, 30)
         for system in _rotate(systems, rep):
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         "uptime_start": uptime_start,
         "uptime_end": uptime_end,
         "cpus": os.cpu_count(),
+        "floor": machine_floor,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "versions": _versions(systems),
