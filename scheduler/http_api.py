@@ -1,0 +1,80 @@
+"""The scheduler's HTTP API: health, cluster info and graceful retirement.
+
+Served only when the scheduler is given an HTTP port (``--http-port``); the operator's
+probes and autoscaler use it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import TYPE_CHECKING, Any
+
+import tornado.web
+from apportion.scheduler.validation import check_retire
+
+from apportion.protocol import Message, ProtocolError
+
+if TYPE_CHECKING:
+    from apportion.scheduler.server import Scheduler
+
+
+def status_app(scheduler: Scheduler) -> tornado.web.Application:
+    """``GET /health``, ``GET /api/v1/info`` (read-only, open) and
+    ``POST /api/v1/retire`` (changes the cluster: needs ``Authorization: Bearer <token>``)."""
+
+    class Health(tornado.web.RequestHandler):
+        def get(self) -> None:
+            self.write("ok")
+
+    class Info(tornado.web.RequestHandler):
+        def get(self) -> None:
+            info = scheduler.state.info()
+            info["address"] = scheduler.address
+            self.set_header("Content-Type", "application/json")
+            self.write(json.dumps(info))
+
+    class Retire(tornado.web.RequestHandler):
+        """Body ``{"names": [worker names], "count": n}`` (``count`` optional: all named;
+        ``workers`` is accepted for ``names``). Answers, once the chosen workers are settled,
+        ``{"retired": [names safe to stop], "kept": {name: why it stays in service}}``."""
+
+        async def post(self) -> None:
+            if scheduler.token is not None:
+                offered = self.request.headers.get("Authorization", "")
+                if not hmac.compare_digest(offered, f"Bearer {scheduler.token}"):
+                    self._answer(401, {"error": "a valid bearer token is required"})
+                    return
+            try:
+                names, count = check_retire(retire_message(self.request.body))
+                answer = await scheduler.retire_workers(names, count)
+            except (ProtocolError, ValueError) as exc:
+                self._answer(400, {"error": str(exc)})
+                return
+            self._answer(200, answer)
+
+        def _answer(self, status: int, body: dict[str, Any]) -> None:
+            self.set_status(status)
+            self.set_header("Content-Type", "application/json")
+            self.write(json.dumps(body))
+
+    return tornado.web.Application(
+        [(r"/health", Health), (r"/api/v1/info", Info), (r"/api/v1/retire", Retire)]
+    )
+
+
+def retire_message(body: bytes) -> Message:
+    """The JSON body of a retire request, as the client protocol's ``retire`` message."""
+    try:
+        request = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise ProtocolError(f"the body must be JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise ProtocolError('the body must be a JSON object: {"names": [...], "count": n}')
+    if "names" in request and "workers" in request:
+        raise ProtocolError("give the worker names as 'names' or as 'workers', not both")
+    unknown = set(request) - {"names", "workers", "count"}
+    if unknown:
+        raise ProtocolError(f"unknown fields {sorted(unknown)}; expected 'names' and 'count'")
+    names = request.get("names", request.get("workers"))
+    return {"op": "retire", "names": names, "count": request.get("count")}
