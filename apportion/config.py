@@ -23,7 +23,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
 ENV_PREFIX = "APPORTION_"
 # LocalCluster hands the spawning process's whole configuration to its children through this.
 INHERITED_ENV = "APPORTION_INTERNAL_INHERIT_CONFIG"

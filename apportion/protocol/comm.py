@@ -37,6 +37,8 @@ logger = logging.getLogger("apportion.comm")
 # Nothing but a small handshake is accepted from a peer before it has authenticated.
 HANDSHAKE_FRAME_LIMIT = 64 * 1024
 HANDSHAKE_TIMEOUT = 10.0
+# Most a single read takes from the stream (frames larger than this are read whole).
+READ_CHUNK_BYTES = 256 * 1024
 
 
 class CommClosedError(ConnectionError):
@@ -73,6 +75,8 @@ class Comm:
         self._closed_reason: str | None = None
         # Messages that arrived in the same frame as the handshake reply, for the next read.
         self._backlog: list[Message] = []
+        # Bytes read but not yet decoded: the start of the next frame(s).
+        self._inbox = bytearray()
         # Plain TCP (not TLS): a frame may go straight to the socket when nothing is queued.
         self._direct = type(stream) is IOStream
         stream.set_nodelay(True)
@@ -228,24 +232,33 @@ class Comm:
             raise CommClosedError(f"connection to {self.peer} closed while writing") from None
 
     async def read(self, limit: int | None = None) -> list[Message]:
+        """The messages of the next frame (one frame per call, each checked on its own)."""
         if self._backlog:
             backlog, self._backlog = self._backlog, []
             return backlog
+        buffer = self._inbox
         try:
-            header = await self.stream.read_bytes(HEADER_BYTES)
-            length = frame_length(header, limit or self.max_frame)
-            payload = await self.stream.read_bytes(length) if length else b""
+            # Take whatever has arrived: frames that came together are then read from
+            # here, without another trip through the stream.
+            while len(buffer) < HEADER_BYTES:
+                buffer += await self.stream.read_bytes(READ_CHUNK_BYTES, partial=True)
+            end = HEADER_BYTES + frame_length(buffer[:HEADER_BYTES], limit or self.max_frame)
+            if len(buffer) < end:  # the rest of a large frame, in one read
+                payload = bytes(buffer[HEADER_BYTES:])
+                payload += await self.stream.read_bytes(end - len(buffer))
+                buffer.clear()
+                messages = decode(payload)
+            else:
+                with memoryview(buffer) as view, view[HEADER_BYTES:end] as payload_view:
+                    messages = decode(payload_view)
+                del buffer[:end]
         except StreamClosedError:
             self.close("peer closed the connection")
             raise CommClosedError(f"connection to {self.peer} closed") from None
         except ProtocolError as exc:
             self.close(str(exc))
             raise
-        try:
-            return decode(payload)
-        except ProtocolError as exc:
-            self.close(str(exc))
-            raise
+        return messages
 
     def close(self, reason: str = "closed locally") -> None:
         if self._closed_reason is None:

@@ -32,7 +32,7 @@ def encode(messages: list[Message]) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def frame_length(header: bytes, limit: int) -> int:
+def frame_length(header: bytes | bytearray, limit: int) -> int:
     (length,) = HEADER.unpack(header)
     if length > limit:
         raise ProtocolError(
@@ -42,7 +42,7 @@ def frame_length(header: bytes, limit: int) -> int:
     return length
 
 
-def decode(payload: bytes) -> list[Message]:
+def decode(payload: bytes | memoryview) -> list[Message]:
     try:
         messages = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input

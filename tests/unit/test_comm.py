@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 
 import pytest
 from tornado.iostream import IOStream
 
-from apportion.protocol import Comm, Message
+from apportion.protocol import Comm, Message, ProtocolError
+from apportion.protocol.frames import encode
 
 BIG = 1 << 26
 
@@ -74,3 +76,61 @@ def test_messages_that_may_wait_leave_with_the_next_send_or_after_the_delay(
         assert [m["op"] for m in await _read(receiver, len(expected))] == expected
 
     asyncio.run(main())
+
+
+def _frames_then_raw(raw: bytes, limit: int | None = None, reads: int = 1) -> list[object]:
+    """Write raw bytes at once to one end; read ``reads`` frames (or the error) at the other."""
+
+    async def main() -> list[object]:
+        a, b = socket.socketpair()
+        receiver = Comm(IOStream(b), "b", max_frame=BIG)
+        # From a thread: more than a socket buffer holds waits for the reader.
+        writer = threading.Thread(target=a.sendall, args=(raw,))
+        writer.start()
+        got: list[object] = []
+        for _ in range(reads):
+            try:
+                got.append(await asyncio.wait_for(receiver.read(limit), 30))
+            except Exception as exc:  # the error is the result under test
+                got.append(exc)
+        writer.join(30)
+        a.close()
+        return got
+
+    return asyncio.run(main())
+
+
+def test_frames_arriving_together_are_returned_one_frame_per_read() -> None:
+    raw = encode([{"op": "a"}]) + encode([{"op": "b"}, {"op": "c"}]) + encode([{"op": "d"}])
+    got = _frames_then_raw(raw, reads=3)
+    assert got == [[{"op": "a"}], [{"op": "b"}, {"op": "c"}], [{"op": "d"}]]
+
+
+def test_a_frame_larger_than_one_read_arrives_whole_after_a_small_one() -> None:
+    big = {"op": "big", "data": bytes(range(256)) * 8_000}  # ~2 MB: several reads' worth
+    got = _frames_then_raw(encode([{"op": "small"}]) + encode([big]), reads=2)
+    assert got == [[{"op": "small"}], [big]]
+
+
+def test_a_frame_split_into_single_bytes_is_reassembled() -> None:
+    async def main() -> list[Message]:
+        a, b = socket.socketpair()
+        receiver = Comm(IOStream(b), "b", max_frame=BIG)
+        reading = asyncio.ensure_future(receiver.read())
+        for byte in encode([{"op": "slow", "n": 12345}]):
+            a.send(bytes([byte]))
+            await asyncio.sleep(0)  # let the reader see each byte on its own
+        got = await asyncio.wait_for(reading, 30)
+        a.close()
+        return got
+
+    assert asyncio.run(main()) == [{"op": "slow", "n": 12345}]
+
+
+def test_the_limit_applies_to_each_frame_even_when_read_together() -> None:
+    # A small handshake-sized frame, then one over the limit in the same write: the first
+    # is returned, the second refused by its announced length before it is decoded.
+    raw = encode([{"op": "hello"}]) + encode([{"op": "x", "data": b"y" * 5000}])
+    first, second = _frames_then_raw(raw, limit=1000, reads=2)
+    assert first == [{"op": "hello"}]
+    assert isinstance(second, ProtocolError) and "limit of 1000 bytes" in str(second)
