@@ -19,7 +19,7 @@ test: $(STAMP) k8s-bin  ## lint, then the whole test suite (Kubernetes tests inc
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
-k8s-bin:  ## build (or reuse) the test Kubernetes binaries: ~6 min cold, instant when cached
+k8s-bin:  ## build (or reuse) the test Kubernetes binaries: 6-14 min cold, instant when cached
 	bash tests/k8s/build.sh
 
 k8s-up: $(STAMP) k8s-bin  ## a local Kubernetes cluster with fake GPU nodes, until Ctrl-C
