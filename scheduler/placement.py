@@ -151,9 +151,6 @@ class ReadyQueues:
         else:  # back in the queue after newer tasks (a lost worker's run): keep seq order
             bisect.insort(lane, ts, key=_seq)
 
-    def __len__(self) -> int:
-        return sum(len(lane) for queue in self.by_shape.values() for lane in queue.lanes.values())
-
     def counts(self) -> dict[Shape, int]:
         """Live queued tasks per shape (lanes also hold stale entries until they are reached)."""
         found = {shape: len(queue.live()) for shape, queue in self.by_shape.items()}
@@ -174,8 +171,7 @@ class ReadyQueues:
             # Every worker fits the empty demand (it is in every worker's fitting shapes).
             if shape and (shape not in fitting or not fits(shape, free)):
                 continue
-            lane = queue.top
-            ts = lane[0] if lane and lane[0].state == "queued" else queue.head()
+            ts = queue.head()
             if ts is None:
                 emptied.append(shape)
             elif best is None or (
