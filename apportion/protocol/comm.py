@@ -243,9 +243,12 @@ class Comm:
             while len(buffer) < HEADER_BYTES:
                 buffer += await self.stream.read_bytes(READ_CHUNK_BYTES, partial=True)
             end = HEADER_BYTES + frame_length(buffer[:HEADER_BYTES], limit or self.max_frame)
-            if len(buffer) < end:  # the rest of a large frame, in one read
-                payload = bytes(buffer[HEADER_BYTES:])
-                payload += await self.stream.read_bytes(end - len(buffer))
+            if len(buffer) < end:  # a large frame: its rest is read straight into place
+                payload = bytearray(end - HEADER_BYTES)
+                have = len(buffer) - HEADER_BYTES
+                payload[:have] = buffer[HEADER_BYTES:]
+                with memoryview(payload) as view, view[have:] as rest:
+                    await self.stream.read_into(rest)
                 buffer.clear()
                 messages = decode(payload)
             else:

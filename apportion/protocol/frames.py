@@ -42,7 +42,7 @@ def frame_length(header: bytes | bytearray, limit: int) -> int:
     return length
 
 
-def decode(payload: bytes | memoryview) -> list[Message]:
+def decode(payload: bytes | bytearray | memoryview) -> list[Message]:
     try:
         messages = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
