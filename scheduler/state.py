@@ -322,9 +322,8 @@ class SchedulerState(RetirementMixin):
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
         finished = self._finished_message(ts, msg.get("data"))
-        outbox = self.outbox
         for wanter in ts.who_wants:
-            outbox[wanter].append(finished)
+            self.send(wanter, finished)
         for dependent in ts.dependents:
             if dependent.state == "waiting":
                 dependent.n_waiting -= 1
@@ -501,7 +500,8 @@ class SchedulerState(RetirementMixin):
                 free[name] = total[name] - used[name]
         if len(processing) >= ws.slots:
             self.with_slots.pop(ws, None)
-        self.outbox[ws.address].append(
+        self.send(
+            ws.address,
             {
                 "op": "compute",
                 "key": ts.key,
@@ -513,7 +513,7 @@ class SchedulerState(RetirementMixin):
                 else {},
                 "resources": dict(shape) if shape else {},
                 "priority": ts.priority,
-            }
+            },
         )
 
     def _end_run(self, ws: WorkerState | None, run_id: int) -> TaskState | None:
