@@ -129,8 +129,14 @@ def print_table(results: dict[str, Any]) -> None:
     meta = results["meta"]
     table = Table(
         title=f"medians of {meta['reps']} reps{' (quick sizes)' if meta['quick'] else ''}",
-        caption=f"load: {meta['uptime_start']}  →  {meta['uptime_end']}\n"
-        + floor.describe(meta.get("floor")),
+        caption="\n".join(
+            line
+            for line in (
+                f"load: {meta['uptime_start']}  →  {meta['uptime_end']}",
+                floor.describe(meta.get("floor")),
+            )
+            if line
+        ),
     )
     table.add_column("workload")
     table.add_column("unit")
