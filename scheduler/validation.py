@@ -37,29 +37,10 @@ def check_submit(message: Message) -> list[Message]:
     _expect(isinstance(tasks, list), "'submit' needs 'tasks': a list of task maps")
     seen: set[str] = set()
     for task in tasks:
-        _expect(isinstance(task, dict), f"a task must be a map, got {str(task)[:80]}")
-        if not _TASK_FIELDS.issuperset(task):
-            _expect(False, f"task has unknown fields {sorted(set(task) - _TASK_FIELDS)}")
-        key = task.get("key")
-        _expect(isinstance(key, str) and key != "", "task 'key' must be a non-empty string")
-        _expect(key not in seen, f"task {key!r} appears twice in one submission")
-        seen.add(key)
-        _expect(isinstance(task.get("func"), bytes), f"task {key!r}: 'func' must be bytes")
-        _expect(isinstance(task.get("args"), bytes), f"task {key!r}: 'args' must be bytes")
-        deps = task.get("deps", [])
-        if type(deps) is not list or (deps and not all(type(d) is str for d in deps)):
-            _expect(
-                isinstance(deps, list) and all(isinstance(d, str) for d in deps),
-                f"task {key!r}: 'deps' must be a list of keys",
-            )
-        priority = task.get("priority", 0)
-        if priority != 0 or type(priority) is not int:  # 0, the usual value, is fine
-            _expect(_is_int(priority), f"task {key!r}: 'priority' must be an int")
-        retries = task.get("retries", 0)
-        if retries != 0 or type(retries) is not int:
-            _expect(
-                _is_int(retries) and retries >= 0, f"task {key!r}: 'retries' must be an int >= 0"
-            )
+        problem = _task_problem(task, seen)
+        if problem is not None:  # messages are built only for a bad task: cheap when fine
+            raise ProtocolError(problem)
+        seen.add(task["key"])
         resources = task.get("resources")
         if not resources and (resources is None or type(resources) is dict):
             task["resources"] = {}  # what validate() returns for no demand, minus its checks
@@ -67,8 +48,35 @@ def check_submit(message: Message) -> list[Message]:
         try:
             task["resources"] = validate(resources)
         except (TypeError, ValueError) as exc:
-            raise ProtocolError(f"task {key!r}: {exc}") from None
+            raise ProtocolError(f"task {task['key']!r}: {exc}") from None
     return tasks
+
+
+def _task_problem(task: Any, seen: set[str]) -> str | None:
+    """What is wrong with one submitted task (its resources aside), or None."""
+    if not isinstance(task, dict):
+        return f"a task must be a map, got {str(task)[:80]}"
+    if not _TASK_FIELDS.issuperset(task):
+        return f"task has unknown fields {sorted(set(task) - _TASK_FIELDS)}"
+    key = task.get("key")
+    if not isinstance(key, str) or key == "":
+        return "task 'key' must be a non-empty string"
+    if key in seen:
+        return f"task {key!r} appears twice in one submission"
+    if not isinstance(task.get("func"), bytes):
+        return f"task {key!r}: 'func' must be bytes"
+    if not isinstance(task.get("args"), bytes):
+        return f"task {key!r}: 'args' must be bytes"
+    deps = task.get("deps", [])
+    if not isinstance(deps, list) or not all(type(d) is str for d in deps):
+        return f"task {key!r}: 'deps' must be a list of keys"
+    priority = task.get("priority", 0)
+    if not _is_int(priority):
+        return f"task {key!r}: 'priority' must be an int"
+    retries = task.get("retries", 0)
+    if not _is_int(retries) or retries < 0:
+        return f"task {key!r}: 'retries' must be an int >= 0"
+    return None
 
 
 def check_run_id(message: Message) -> None:
