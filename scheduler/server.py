@@ -69,7 +69,7 @@ class Scheduler:
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Scheduler:
-        port = self.listener.listen_on(self.host, self.requested_port)
+        port = await self.listener.listen_on(self.host, self.requested_port)
         self.address = format_address(
             self.host if self.host not in ("", "0.0.0.0") else _contact_host(), port
         )

@@ -147,7 +147,7 @@ class Worker:
             )
             thread.start()
             self._threads.append(thread)
-        port = self.listener.listen_on(self.host, self.port)
+        port = await self.listener.listen_on(self.host, self.port)
         contact = self.contact_host or (
             self.host if self.host != "0.0.0.0" else _route_ip(self.scheduler_address)
         )

@@ -1,7 +1,9 @@
 """TCP connections carrying batched frames, and the authenticated handshake.
 
-``Comm.send`` queues a message and flushes everything queued on the next
-event-loop tick as one frame: bursts are batched, yet an idle link never waits
+Each connection is an asyncio ``Protocol``: the event loop hands it bytes as they
+arrive and it cuts them into frames itself, so a message costs no stream machinery
+on the way in. ``Comm.send`` queues a message and flushes everything queued on the
+next event-loop tick as one frame: bursts are batched, yet an idle link never waits
 on a timer.
 """
 
@@ -11,16 +13,15 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import socket
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-from tornado.iostream import IOStream, StreamClosedError
-from tornado.tcpclient import TCPClient
-from tornado.tcpserver import TCPServer
+from typing import Any, cast
 
 from apportion import config
+from apportion.aio import background
 from apportion.protocol import tls
 from apportion.protocol.frames import (
     HEADER_BYTES,
@@ -37,8 +38,10 @@ logger = logging.getLogger("apportion.comm")
 # Nothing but a small handshake is accepted from a peer before it has authenticated.
 HANDSHAKE_FRAME_LIMIT = 64 * 1024
 HANDSHAKE_TIMEOUT = 10.0
-# Most a single read takes from the stream (frames larger than this are read whole).
-READ_CHUNK_BYTES = 256 * 1024
+# A frame this large is collected in a buffer of its own size, allocated once.
+LARGE_FRAME_BYTES = 256 * 1024
+# Reading pauses while this much arrived unread (a peer outpacing its reader).
+READ_BACKLOG_BYTES = 32 * 1024 * 1024
 
 
 class CommClosedError(ConnectionError):
@@ -61,52 +64,208 @@ def format_address(host: str, port: int, scheme: str | None = None) -> str:
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-class Comm:
+class Comm(asyncio.Protocol):
     """One framed, batched connection. Use from the event-loop thread only, except
-    ``send_from_thread`` once ``allow_thread_writes`` was called."""
+    ``send_from_thread`` once ``allow_thread_writes`` was called.
 
-    def __init__(self, stream: IOStream, peer: str, max_frame: int | None = None) -> None:
-        self.stream = stream
+    ``first_frame_limit`` bounds the first frame (the handshake) more tightly than
+    ``max_frame`` bounds the rest: an unauthenticated peer gets no large buffer.
+    """
+
+    def __init__(
+        self,
+        peer: str,
+        max_frame: int | None = None,
+        first_frame_limit: int | None = None,
+        on_connected: Callable[[Comm], None] | None = None,
+    ) -> None:
         self.peer = peer
         self.max_frame = max_frame or int(config.get("comm.max-frame-bytes"))
+        self.transport: asyncio.Transport | None = None
+        self._on_connected = on_connected
+        # Writing: messages queued for the next tick, and flags for the pending flushes.
         self._queue: list[Message] = []
         self._flush_pending = False
         self._later_pending = False
         self._closed_reason: str | None = None
+        # Reading: bytes of an incomplete frame, and whole frames (or the error that
+        # ended the stream) waiting for read().
+        self._limit = first_frame_limit or self.max_frame
+        self._inbox = bytearray()
+        self._large: bytearray | None = None  # a large frame being filled
+        self._large_filled = 0
+        self._frames: deque[bytes | bytearray | memoryview] = deque()
+        self._frame_bytes = 0
+        self._error: ProtocolError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
         # Messages that arrived in the same frame as the handshake reply, for the next read.
         self._backlog: list[Message] = []
-        # Bytes read but not yet decoded: the start of the next frame(s).
-        self._inbox = bytearray()
-        # Plain TCP (not TLS): a frame may go straight to the socket when nothing is queued.
-        self._direct = type(stream) is IOStream
-        stream.set_nodelay(True)
+        # Waiting for the kernel to take what the transport holds (see write()).
+        self._drained: asyncio.Future[None] | None = None
         # Held while writing, once other threads may write too (see allow_thread_writes).
         self.write_lock: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Our own descriptor of the socket for other threads' writes (plain TCP only).
+        self._thread_fd: int | None = None
         # Bytes a thread could not send whole; the loop writes them before anything else.
         self._handoff: list[bytes] = []
 
+    # ------------------------------------------------------- asyncio callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not derive from asyncio.Transport, but behave as one.
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        # Signals pause_writing as soon as anything waits for the kernel, resume once all
+        # is taken: write() waits on exactly that.
+        transport.set_write_buffer_limits(high=0)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._on_connected is not None:
+            self._on_connected(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        with self.write_lock:
+            if self._closed_reason is None:
+                self._closed_reason = "peer closed the connection"
+            self._close_thread_fd()
+        self._wake()
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self._error is not None:
+            return  # the stream already failed: nothing after that is read
+        if self._large is not None:
+            data = self._fill_large(data)
+            if not data:
+                return
+        if not self._inbox and len(data) >= HEADER_BYTES:
+            # The common case, nothing left over: cut frames straight out of the chunk.
+            self._cut(memoryview(data))
+        else:
+            self._inbox += data
+            self._cut(memoryview(bytes(self._inbox)))
+        if self._frame_bytes > READ_BACKLOG_BYTES and not self._paused and self.transport:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _cut(self, view: memoryview) -> None:
+        """Move the whole frames at the start of ``view`` to the frame queue; keep the
+        rest (an incomplete frame) for the next chunk."""
+        start = 0
+        size = len(view)
+        try:
+            while size - start >= HEADER_BYTES:
+                length = frame_length(view[start : start + HEADER_BYTES], self._limit)
+                self._limit = self.max_frame
+                end = start + HEADER_BYTES + length
+                if end > size:
+                    if length >= LARGE_FRAME_BYTES:
+                        self._start_large(view[start + HEADER_BYTES :], length)
+                        start = size
+                    break
+                self._frames.append(view[start + HEADER_BYTES : end])
+                self._frame_bytes += length
+                start = end
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        self._inbox = bytearray(view[start:]) if start < size else bytearray()
+        if self._frames:
+            self._wake()
+
+    def _start_large(self, have: memoryview, length: int) -> None:
+        self._large = bytearray(length)
+        self._large[: len(have)] = have
+        self._large_filled = len(have)
+
+    def _fill_large(self, data: bytes) -> bytes:
+        """Copy into the large frame being filled; returns the bytes past its end."""
+        large = self._large
+        assert large is not None
+        take = min(len(large) - self._large_filled, len(data))
+        large[self._large_filled : self._large_filled + take] = data[:take]
+        self._large_filled += take
+        if self._large_filled == len(large):
+            self._large = None
+            self._frames.append(large)
+            self._frame_bytes += len(large)
+            self._wake()
+        return data[take:]
+
+    def _fail(self, error: ProtocolError) -> None:
+        self._error = error
+        self.close(str(error))
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # ----------------------------------------------------------------- reading
+    async def read(self) -> list[Message]:
+        """The messages of the next frame (one frame per call, each checked on its own)."""
+        if self._backlog:
+            backlog, self._backlog = self._backlog, []
+            return backlog
+        while not self._frames:
+            if self._error is not None:
+                raise self._error
+            if self._closed_reason is not None:
+                raise CommClosedError(f"connection to {self.peer} closed")
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        payload = self._frames.popleft()
+        self._frame_bytes -= len(payload)
+        if self._paused and self._frame_bytes < READ_BACKLOG_BYTES // 2 and self.transport:
+            self._paused = False
+            self.transport.resume_reading()
+        try:
+            return decode(payload)
+        except ProtocolError as exc:
+            self._fail(exc)
+            raise
+
+    # ----------------------------------------------------------------- writing
     def allow_thread_writes(self) -> None:
         """Let other threads call ``send_from_thread``; call on the event-loop thread."""
         self._loop = asyncio.get_running_loop()
         # Reentrant: a holder (see Client._flush) may go on to write through this comm.
-        lock = self.write_lock = threading.RLock()
-        # Tornado closes the socket itself (on a read error, say): never in the middle of
-        # a thread's send, whose file descriptor could otherwise be reused meanwhile.
-        close_fd = self.stream.close_fd
+        self.write_lock = threading.RLock()
+        transport = self.transport
+        if transport is None or transport.get_extra_info("sslcontext") is not None:
+            return  # TLS: every write goes through the transport, on the loop
+        sock = transport.get_extra_info("socket")
+        if sock is not None and not self.closed:
+            # A descriptor of our own: closed under the lock, so a thread never writes to
+            # a number the transport closed and the system gave to another file meanwhile.
+            self._thread_fd = os.dup(sock.fileno())
 
-        def close_fd_locked() -> None:
-            with lock:
-                close_fd()
-
-        self.stream.close_fd = close_fd_locked  # type: ignore[method-assign]
+    def _close_thread_fd(self) -> None:
+        fd, self._thread_fd = self._thread_fd, None
+        if fd is not None:
+            os.close(fd)
 
     @property
     def closed(self) -> bool:
-        return self._closed_reason is not None or self.stream.closed()
+        return self._closed_reason is not None
 
     def send(self, message: Message) -> None:
-        if self.closed:
+        if self._closed_reason is not None:
             raise CommClosedError(f"connection to {self.peer} is closed: {self._closed_reason}")
         self._queue.append(message)
         if not self._flush_pending:
@@ -120,7 +279,7 @@ class Comm:
     def send_now(self, messages: list[Message]) -> None:
         """Write these (after anything queued) at once, as one frame: for callers that
         batched them already, so they neither wait a tick nor leave a callback behind."""
-        if self.closed:
+        if self._closed_reason is not None:
             raise CommClosedError(f"connection to {self.peer} is closed: {self._closed_reason}")
         self._queue.extend(messages)
         self._flush()
@@ -128,7 +287,7 @@ class Comm:
     def send_later(self, messages: list[Message], delay: float) -> None:
         """Queue messages that may wait: they leave with the next ``send``, or after ``delay``
         seconds at the latest. Order with other messages is kept (one queue)."""
-        if self.closed:
+        if self._closed_reason is not None:
             raise CommClosedError(f"connection to {self.peer} is closed: {self._closed_reason}")
         self._queue.extend(messages)
         if not self._flush_pending and not self._later_pending:
@@ -149,30 +308,33 @@ class Comm:
         self._flush_pending = False
         batch, self._queue = self._queue, []
         if batch and not self.closed:
-            for frame in self._frames(batch):
+            for frame in self._frames_of(batch):
                 self._write(frame)
 
-    def _frames(self, batch: list[Message]) -> list[bytes]:
+    def _frames_of(self, batch: list[Message]) -> list[bytes]:
         """Encode a batch, halving it until every frame is within the peer's limit."""
         frame = encode(batch)
         if len(frame) <= self.max_frame or len(batch) == 1:
             return [frame]  # a single oversized message is refused by the peer, loudly
         middle = len(batch) // 2
-        return self._frames(batch[:middle]) + self._frames(batch[middle:])
+        return self._frames_of(batch[:middle]) + self._frames_of(batch[middle:])
 
     def send_from_thread(self, messages: list[Message]) -> bool:
         """From any thread: write now when the connection is idle, saving the wake-up of
         the loop. False, with nothing written, when it is not (TLS, bytes still buffered,
         messages queued, closed): then send through the loop."""
-        if self._loop is None or not self._direct:
+        if self._thread_fd is None:
             return False
         with self.write_lock:
-            if self._queue or self._handoff or self.closed or self.stream.writing():
+            fd, transport = self._thread_fd, self.transport
+            if fd is None or transport is None or self._queue or self._handoff:
                 return False
-            frames = self._frames(messages)
+            if transport.get_write_buffer_size():
+                return False
+            frames = self._frames_of(messages)
             for i, frame in enumerate(frames):
                 try:
-                    sent = self.stream.socket.send(frame)
+                    sent = os.write(fd, frame)
                 except BlockingIOError:
                     sent = 0
                 except OSError:
@@ -180,6 +342,7 @@ class Comm:
                 if sent < len(frame):
                     # Socket buffer full: the loop writes the rest, before anything else.
                     self._handoff = [frame[sent:], *frames[i + 1 :]]
+                    assert self._loop is not None
                     self._loop.call_soon_threadsafe(self._write_handoff)
                     return True
             return True
@@ -197,80 +360,44 @@ class Comm:
         if self._handoff:
             data = b"".join([*self._handoff, data])
             self._handoff = []
-        if not data:
+        transport = self.transport
+        if not data or transport is None:
             return
-        stream = self.stream
-        if self._direct and not stream.writing() and not stream.closed():
-            # Nothing queued in tornado: send directly, skipping its write future and the
-            # loop callback that resolves it (most frames are small and go out whole).
-            try:
-                sent = stream.socket.send(data)
-            except OSError:
-                sent = 0  # would block, or an error tornado reports below
-            if sent == len(data):
-                return
-            data = data[sent:]
-        try:
-            future = stream.write(data)
-        except StreamClosedError:
+        if transport.is_closing():
             self.close("peer closed the connection")
             return
-        # Observe the future so a peer hanging up does not log "exception never retrieved".
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        transport.write(data)  # sent at once when nothing waits before it
 
     async def write(self, messages: list[Message]) -> None:
         """Send now and wait until the bytes are handed to the kernel."""
         self._flush()
-        try:
-            with self.write_lock:
-                if self._handoff:
-                    self._write_locked(b"")
-                future = self.stream.write(encode(messages))
-            await future
-        except StreamClosedError:
-            self.close("peer closed the connection")
-            raise CommClosedError(f"connection to {self.peer} closed while writing") from None
-
-    async def read(self, limit: int | None = None) -> list[Message]:
-        """The messages of the next frame (one frame per call, each checked on its own)."""
-        if self._backlog:
-            backlog, self._backlog = self._backlog, []
-            return backlog
-        buffer = self._inbox
-        try:
-            # Take whatever has arrived: frames that came together are then read from
-            # here, without another trip through the stream.
-            while len(buffer) < HEADER_BYTES:
-                buffer += await self.stream.read_bytes(READ_CHUNK_BYTES, partial=True)
-            end = HEADER_BYTES + frame_length(buffer[:HEADER_BYTES], limit or self.max_frame)
-            if len(buffer) < end:  # a large frame: its rest is read straight into place
-                payload = bytearray(end - HEADER_BYTES)
-                have = len(buffer) - HEADER_BYTES
-                payload[:have] = buffer[HEADER_BYTES:]
-                with memoryview(payload) as view, view[have:] as rest:
-                    await self.stream.read_into(rest)
-                buffer.clear()
-                messages = decode(payload)
-            else:
-                with memoryview(buffer) as view, view[HEADER_BYTES:end] as payload_view:
-                    messages = decode(payload_view)
-                del buffer[:end]
-        except StreamClosedError:
-            self.close("peer closed the connection")
-            raise CommClosedError(f"connection to {self.peer} closed") from None
-        except ProtocolError as exc:
-            self.close(str(exc))
-            raise
-        return messages
+        with self.write_lock:
+            if self.closed:
+                raise CommClosedError(f"connection to {self.peer} closed while writing")
+            self._write_locked(encode(messages))
+        if self._drained is not None:
+            await self._drained
+        if self.closed and self._closed_reason == "peer closed the connection":
+            raise CommClosedError(f"connection to {self.peer} closed while writing")
 
     def close(self, reason: str = "closed locally") -> None:
-        if self._closed_reason is None:
-            self._closed_reason = reason
-        if not self.stream.closed():
-            self.stream.close()
+        with self.write_lock:
+            if self._closed_reason is None:
+                self._closed_reason = reason
+            self._close_thread_fd()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # what is buffered still goes out first
+        self._wake()
 
     def __repr__(self) -> str:
         return f"<Comm peer={self.peer} closed={self.closed}>"
+
+
+async def adopt(sock: socket.socket, peer: str, max_frame: int | None = None) -> Comm:
+    """A comm over an already connected socket (a socketpair, say)."""
+    comm = Comm(peer, max_frame)
+    await asyncio.get_running_loop().connect_accepted_socket(lambda: comm, sock)
+    return comm
 
 
 async def connect(
@@ -283,27 +410,24 @@ async def connect(
     """Open a connection and complete the handshake; returns the comm and the welcome."""
     host, port = parse_address(address)
     timeout = float(config.get("comm.connect-timeout")) if timeout is None else timeout
-    max_frame = int(config.get("comm.max-frame-bytes"))
     secure = address.startswith("tls://")
+    comm = Comm(address, first_frame_limit=HANDSHAKE_FRAME_LIMIT)
+    loop = asyncio.get_running_loop()
     try:
-        stream = await asyncio.wait_for(
-            TCPClient().connect(
-                host,
-                port,
-                max_buffer_size=max_frame + HEADER_BYTES,
-                ssl_options=tls.client_context() if secure else None,
+        await asyncio.wait_for(
+            loop.create_connection(
+                lambda: comm, host, port, ssl=tls.client_context() if secure else None
             ),
             timeout,
         )
-    except (OSError, StreamClosedError, asyncio.TimeoutError) as exc:
+    except (OSError, asyncio.TimeoutError) as exc:
         raise OSError(f"could not connect to {address}: {exc or 'timed out'}") from None
-    comm = Comm(stream, address, max_frame)
     hello = {"op": "hello", "role": role, "protocol": PROTOCOL_VERSION, "token": token}
     hello.update(info or {})
     try:
         await comm.write([hello])
-        replies = await asyncio.wait_for(comm.read(HANDSHAKE_FRAME_LIMIT), timeout)
-    except (CommClosedError, asyncio.TimeoutError):
+        replies = await asyncio.wait_for(comm.read(), timeout)
+    except (CommClosedError, ProtocolError, asyncio.TimeoutError):
         comm.close()
         raise OSError(f"{address} closed the connection during the handshake") from None
     reply = replies[0] if replies else {}
@@ -318,7 +442,7 @@ async def connect(
 Handler = Callable[[Comm, Message], Awaitable[None]]
 
 
-class Listener(TCPServer):
+class Listener:
     """Accepts connections, authenticates the handshake, then hands over to ``handler``.
 
     The handler receives the comm and the hello message and must answer with
@@ -327,40 +451,55 @@ class Listener(TCPServer):
 
     def __init__(self, handler: Handler, token: str | None, roles: tuple[str, ...]) -> None:
         self.max_frame = int(config.get("comm.max-frame-bytes"))
-        super().__init__(
-            ssl_options=tls.server_context(), max_buffer_size=self.max_frame + HEADER_BYTES
-        )
         self.handler = handler
         self.token = token
         self.roles = roles
         self.port: int = 0
+        # Authenticated connections, and every accepted one (closed on shutdown).
         self.comms: set[Comm] = set()
+        self._accepted: set[Comm] = set()
+        self._servers: list[asyncio.AbstractServer] = []
 
-    def listen_on(self, host: str, port: int) -> int:
-        sockets = self._bind(host, port)
-        self.add_sockets(sockets)
+    async def listen_on(self, host: str, port: int) -> int:
+        from tornado.netutil import bind_sockets  # one port for every address family
+
+        loop = asyncio.get_running_loop()
+        context = tls.server_context()
+        sockets = bind_sockets(port, address=host or None, reuse_port=False)
+        for sock in sockets:
+            self._servers.append(await loop.create_server(self._new_comm, sock=sock, ssl=context))
         self.port = sockets[0].getsockname()[1]
         return self.port
 
-    @staticmethod
-    def _bind(host: str, port: int) -> list[socket.socket]:
-        from tornado.netutil import bind_sockets
+    def _new_comm(self) -> Comm:
+        return Comm(
+            "unknown",
+            self.max_frame,
+            first_frame_limit=HANDSHAKE_FRAME_LIMIT,
+            on_connected=self._on_connected,
+        )
 
-        return bind_sockets(port, address=host or None, reuse_port=False)
+    def _on_connected(self, comm: Comm) -> None:
+        assert comm.transport is not None
+        address = comm.transport.get_extra_info("peername")
+        if address:
+            comm.peer = format_address(str(address[0]), int(address[1]))
+        self._accepted.add(comm)
+        background(self._handle(comm)).add_done_callback(lambda _: self._accepted.discard(comm))
 
-    async def handle_stream(self, stream: IOStream, address: Any) -> None:
-        peer = format_address(str(address[0]), int(address[1])) if address else "unknown"
-        comm = Comm(stream, peer, self.max_frame)
+    async def _handle(self, comm: Comm) -> None:
         try:
-            messages = await asyncio.wait_for(comm.read(HANDSHAKE_FRAME_LIMIT), HANDSHAKE_TIMEOUT)
+            messages = await asyncio.wait_for(comm.read(), HANDSHAKE_TIMEOUT)
         except (CommClosedError, ProtocolError, asyncio.TimeoutError) as exc:
-            logger.info("dropped connection from %s before handshake: %s", peer, exc or "timeout")
+            logger.info(
+                "dropped connection from %s before handshake: %s", comm.peer, exc or "timeout"
+            )
             comm.close()
             return
         hello = messages[0] if messages else {}
         problem = self._check_hello(hello)
         if problem:
-            logger.warning("refused connection from %s: %s", peer, problem)
+            logger.warning("refused connection from %s: %s", comm.peer, problem)
             await refuse(comm, problem)
             return
         self.comms.add(comm)
@@ -388,8 +527,9 @@ class Listener(TCPServer):
         return None
 
     def close_all(self) -> None:
-        self.stop()
-        for comm in list(self.comms):
+        for server in self._servers:
+            server.close()
+        for comm in list(self._accepted | self.comms):
             comm.close("server shutting down")
 
 

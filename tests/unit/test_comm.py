@@ -1,15 +1,18 @@
-"""Comm writes from other threads, and messages that may wait, keep their order."""
+"""Comm: frames cut from the byte stream, writes from other threads, messages that may wait,
+and flow control both ways."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import threading
+from collections.abc import Callable
 
 import pytest
-from tornado.iostream import IOStream
 
 from apportion.protocol import Comm, Message, ProtocolError
+from apportion.protocol import comm as comm_module
+from apportion.protocol.comm import adopt
 from apportion.protocol.frames import encode
 
 BIG = 1 << 26
@@ -17,7 +20,7 @@ BIG = 1 << 26
 
 async def _pair() -> tuple[Comm, Comm]:
     a, b = socket.socketpair()
-    return Comm(IOStream(a), "a", max_frame=BIG), Comm(IOStream(b), "b", max_frame=BIG)
+    return await adopt(a, "a", max_frame=BIG), await adopt(b, "b", max_frame=BIG)
 
 
 async def _read(comm: Comm, count: int) -> list[Message]:
@@ -78,19 +81,19 @@ def test_messages_that_may_wait_leave_with_the_next_send_or_after_the_delay(
     asyncio.run(main())
 
 
-def _frames_then_raw(raw: bytes, limit: int | None = None, reads: int = 1) -> list[object]:
+def _frames_then_raw(raw: bytes, limit: int = BIG, reads: int = 1) -> list[object]:
     """Write raw bytes at once to one end; read ``reads`` frames (or the error) at the other."""
 
     async def main() -> list[object]:
         a, b = socket.socketpair()
-        receiver = Comm(IOStream(b), "b", max_frame=BIG)
+        receiver = await adopt(b, "b", max_frame=limit)
         # From a thread: more than a socket buffer holds waits for the reader.
         writer = threading.Thread(target=a.sendall, args=(raw,))
         writer.start()
         got: list[object] = []
         for _ in range(reads):
             try:
-                got.append(await asyncio.wait_for(receiver.read(limit), 30))
+                got.append(await asyncio.wait_for(receiver.read(), 30))
             except Exception as exc:  # the error is the result under test
                 got.append(exc)
         writer.join(30)
@@ -115,7 +118,7 @@ def test_a_frame_larger_than_one_read_arrives_whole_after_a_small_one() -> None:
 def test_a_frame_split_into_single_bytes_is_reassembled() -> None:
     async def main() -> list[Message]:
         a, b = socket.socketpair()
-        receiver = Comm(IOStream(b), "b", max_frame=BIG)
+        receiver = await adopt(b, "b", max_frame=BIG)
         reading = asyncio.ensure_future(receiver.read())
         for byte in encode([{"op": "slow", "n": 12345}]):
             a.send(bytes([byte]))
@@ -134,3 +137,49 @@ def test_the_limit_applies_to_each_frame_even_when_read_together() -> None:
     first, second = _frames_then_raw(raw, limit=1000, reads=2)
     assert first == [{"op": "hello"}]
     assert isinstance(second, ProtocolError) and "limit of 1000 bytes" in str(second)
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    """Let the loop run until ``condition`` holds (30 s at most)."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0)  # one loop iteration: the transport reads or writes
+
+
+def test_reading_pauses_while_much_arrived_unread_and_loses_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(comm_module, "READ_BACKLOG_BYTES", 1_000_000)
+    frames = [encode([{"op": "n", "i": i, "pad": b"p" * 10_000}]) for i in range(500)]
+
+    async def main() -> None:
+        a, b = socket.socketpair()
+        receiver = await adopt(b, "b", max_frame=BIG)
+        writer = threading.Thread(target=a.sendall, args=(b"".join(frames),))
+        writer.start()
+        await _until(lambda: receiver._paused, "reading to pause")
+        # Paused: what waits unread is bounded by the backlog limit and one chunk more.
+        assert receiver._frame_bytes < 1_000_000 + 300_000
+        got = await _read(receiver, len(frames))
+        assert [m["i"] for m in got] == list(range(500))
+        assert not receiver._paused
+        writer.join(30)
+        a.close()
+
+    asyncio.run(main())
+
+
+def test_write_returns_once_the_kernel_took_everything() -> None:
+    async def main() -> None:
+        sender, receiver = await _pair()
+        big = {"op": "big", "data": b"x" * 8_000_000}  # more than the socket buffers hold
+        writing = asyncio.ensure_future(sender.write([big]))
+        await _until(lambda: sender._drained is not None, "the transport to hold bytes back")
+        assert not writing.done()  # nobody reads: the bytes wait in the transport
+        got = await _read(receiver, 1)
+        await asyncio.wait_for(writing, 30)
+        assert got[0]["data"] == big["data"]
+
+    asyncio.run(main())
