@@ -116,10 +116,17 @@ class Client:
             self.scheduler_address, "client", self.token, timeout=timeout
         )
         self._comm.allow_thread_writes()
-        self._pool = ConnectionPool("client", self.token)
+        client_id = str(welcome["client_id"])
+        self._pool = ConnectionPool(
+            "client", self.token, info={"client_id": client_id}, on_push=self._on_direct
+        )
+        # Workers this client connected to (or tried to) so that they tell it of results.
+        self._direct_workers: set[str] | None = (
+            set() if config.get("client.direct-results") else None
+        )
         background(self._read_loop(self._comm))
         self._tick()
-        return str(welcome["client_id"])
+        return client_id
 
     # ------------------------------------------------------------- submission
     def submit(
@@ -445,6 +452,7 @@ class Client:
         if op == "task-finished":
             if state is not None:
                 state.finish(message["who_has"], message.get("nbytes", 0), message.get("data"))
+            self._connect_to_holder(message["who_has"])
         elif op == "task-erred":
             if state is not None:
                 state.fail(message["exception"], message.get("traceback") or "")
@@ -465,6 +473,26 @@ class Client:
                 reply.set_result(message)
         elif op == "error":
             logger.error("scheduler reported: %s", message.get("reason"))
+
+    def _connect_to_holder(self, who_has: list[str]) -> None:
+        """Connect to a worker that told the scheduler of a result: from then on it tells
+        us of results directly (see Worker._tell_clients)."""
+        direct = self._direct_workers
+        if direct is None or not who_has or who_has[0] in direct:
+            return
+        direct.add(who_has[0])
+        background(self._pool.open(who_has[0]))
+
+    def _on_direct(self, message: Message) -> None:
+        """A worker tells us of a result. The scheduler has not yet heard of it, and may
+        have told us something since (an error, a cancellation): only a pending state
+        takes it."""
+        if message.get("op") != "task-finished":
+            logger.warning("ignoring unexpected message from a worker: %r", message.get("op"))
+            return
+        state = self._states.get(message.get("key", ""))
+        if state is not None and not state.is_done():
+            state.finish(message["who_has"], message.get("nbytes", 0), message.get("data"))
 
     def _warn_no_worker(self, message: Message) -> None:
         shape = tuple(sorted(message["resources"].items()))

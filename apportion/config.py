@@ -53,6 +53,11 @@ DEFAULTS: dict[str, Any] = {
         # Results up to this many bytes travel with the completion message.
         "inline-result-bytes": 64 * 1024,
     },
+    "client": {
+        # Connect to the workers holding results, which then tell this client of results
+        # it waits for themselves: one hop fewer than through the scheduler.
+        "direct-results": True,
+    },
     "comm": {
         "max-frame-bytes": 1 << 30,
         "connect-timeout": 10.0,

@@ -322,8 +322,10 @@ class SchedulerState(RetirementMixin):
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
         finished = self._finished_message(ts, msg.get("data"))
+        told = msg.get("notified") or ()  # clients the worker told directly
         for wanter in ts.who_wants:
-            self.send(wanter, finished)
+            if wanter not in told:
+                self.send(wanter, finished)
         for dependent in ts.dependents:
             if dependent.state == "waiting":
                 dependent.n_waiting -= 1
@@ -513,6 +515,8 @@ class SchedulerState(RetirementMixin):
                 else {},
                 "resources": dict(shape) if shape else {},
                 "priority": ts.priority,
+                # Clients the worker may tell of the result itself, a hop sooner.
+                "notify": list(ts.who_wants),
             },
         )
 

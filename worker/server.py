@@ -53,6 +53,7 @@ class LocalTask:
         "fetch_keys",
         "func",
         "key",
+        "notify",
         "priority",
         "run_id",
         "shape",
@@ -68,6 +69,8 @@ class LocalTask:
         self.deps: dict[str, list[str]] = message.get("deps") or {}
         self.shape: Shape = to_shape(message.get("resources"))
         self.priority: int = message.get("priority", 0)
+        # Clients waiting for the result, told directly when connected here (see _report).
+        self.notify: list[str] = message.get("notify") or []
         self.state = "fetching"
         self.cancelled = False
         self.units: dict[str, list[int]] = {}
@@ -125,6 +128,9 @@ class Worker:
         # Messages for the scheduler collected while draining outcomes (see _drain_done).
         self._burst: list[Message] | None = None
         self.peers = ConnectionPool("peer", token)
+        # Clients connected here, by id: told of results they wait for without the
+        # scheduler's hop (it hears too, and tells only the clients not told).
+        self.clients: dict[str, Comm] = {}
         self.listener = Listener(self._serve_peer, token, roles=("peer", "client"))
         self.scheduler: Comm | None = None
         self.address = ""
@@ -510,6 +516,8 @@ class Worker:
                 message = self._finished_message(task, payload)
                 # Stored before the scheduler hears of it: a peer may ask for it at once.
                 self.data[task.key] = value
+                if task.notify:
+                    self._tell_clients(task, message)
             else:
                 message = _erred_message(task, payload, text)
             sent = False
@@ -518,9 +526,22 @@ class Worker:
             except Exception:
                 # The run must still be booked: the loop reports it (or logs why it cannot).
                 logger.exception("task thread could not report %s", task.key)
-            if ok and not sent:
-                self.data.pop(task.key, None)
+            if ok and not sent and "notified" not in message:
+                self.data.pop(task.key, None)  # the loop stores it when it reports (_on_done)
             return sent
+
+    def _tell_clients(self, task: LocalTask, finished: Message) -> None:
+        """In the task thread: send the result to its waiting clients connected here, and
+        name them in ``finished`` so that the scheduler does not tell them again."""
+        direct = {**finished, "who_has": [self.address]}
+        del direct["run_id"]
+        told = []
+        for client in task.notify:
+            comm = self.clients.get(client)
+            if comm is not None and comm.send_from_thread([direct]):
+                told.append(client)
+        if told:
+            finished["notified"] = told
 
     def _finished_message(self, task: LocalTask, payload: bytes) -> Message:
         message: Message = {
@@ -560,6 +581,7 @@ class Worker:
         if reported:
             pass  # its thread told the scheduler (a cancel since crossed it, as on the wire)
         elif task.cancelled:
+            self.data.pop(task.key, None)  # kept for clients told of it (see _report)
             self._send({"op": "task-released", "key": task.key, "run_id": task.run_id})
         else:
             ok, value, payload, text = outcome
@@ -586,6 +608,10 @@ class Worker:
     # ------------------------------------------------------------ peer serving
     async def _serve_peer(self, comm: Comm, hello: Message) -> None:
         comm.send({"op": "welcome", "name": self.name})
+        client = hello.get("client_id") if hello["role"] == "client" else None
+        if isinstance(client, str):
+            comm.allow_thread_writes()
+            self.clients[client] = comm
         try:
             while True:
                 for message in await comm.read():
@@ -599,6 +625,9 @@ class Worker:
         except (CommClosedError, ProtocolError, KeyError, TypeError) as exc:
             if not isinstance(exc, CommClosedError):
                 logger.warning("closing peer connection from %s: %r", comm.peer, exc)
+        finally:
+            if client is not None and self.clients.get(client) is comm:
+                del self.clients[client]
 
 
 def _erred(task: LocalTask, exc: BaseException) -> Message:

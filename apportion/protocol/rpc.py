@@ -1,10 +1,16 @@
-"""Request/reply over pooled connections: one connection per peer, replies matched by id."""
+"""Request/reply over pooled connections: one connection per peer, replies matched by id.
+
+A peer may also send messages nobody asked for (a worker telling a client of a result):
+those go to ``on_push``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from apportion.aio import background
 from apportion.protocol.comm import Comm, CommClosedError, connect
@@ -14,9 +20,17 @@ logger = logging.getLogger("apportion.comm")
 
 
 class ConnectionPool:
-    def __init__(self, role: str, token: str | None) -> None:
+    def __init__(
+        self,
+        role: str,
+        token: str | None,
+        info: dict[str, Any] | None = None,
+        on_push: Callable[[Message], None] | None = None,
+    ) -> None:
         self.role = role
         self.token = token
+        self.info = info  # sent with the handshake
+        self.on_push = on_push
         self._comms: dict[str, Comm] = {}
         self._connecting: dict[str, asyncio.Future[Comm]] = {}
         self._pending: dict[int, tuple[str, asyncio.Future[Message]]] = {}
@@ -32,7 +46,7 @@ class ConnectionPool:
         future: asyncio.Future[Comm] = asyncio.get_running_loop().create_future()
         self._connecting[address] = future
         try:
-            comm, _ = await connect(address, self.role, self.token)
+            comm, _ = await connect(address, self.role, self.token, self.info)
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # observed: waiters re-raise it
@@ -61,7 +75,11 @@ class ConnectionPool:
         try:
             while True:
                 for message in await comm.read():
-                    entry = self._pending.pop(message.get("id", -1), None)
+                    if "id" not in message:
+                        if self.on_push is not None:
+                            self.on_push(message)
+                        continue
+                    entry = self._pending.pop(message["id"], None)
                     if entry is not None and not entry[1].done():
                         entry[1].set_result(message)
         except (CommClosedError, ProtocolError) as exc:
@@ -74,6 +92,13 @@ class ConnectionPool:
                     del self._pending[request_id]
                     if not future.done():
                         future.set_exception(reason)
+
+    async def open(self, address: str) -> None:
+        """Connect ahead of any request (a failure is left for a request to report)."""
+        try:
+            await self._comm_for(address)
+        except (OSError, CommClosedError, ProtocolError) as exc:
+            logger.info("could not connect to %s ahead of time: %s", address, exc)
 
     def close(self) -> None:
         for comm in list(self._comms.values()):

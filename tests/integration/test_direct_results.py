@@ -1,0 +1,95 @@
+"""Workers tell connected clients of results themselves; the scheduler tells only the rest."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from apportion import Client, LocalCluster, config
+from apportion.protocol import Message
+from apportion.serialize import dumps_value
+from tests.conftest import wait_until
+from tests.integration.tasks import inc
+
+
+def _count_results(client: Client) -> dict[str, int]:
+    """Count task-finished messages by path: from the scheduler, and pushed by workers."""
+    counts = {"scheduler": 0, "direct": 0}
+    lock = threading.Lock()
+    on_message, on_push = client._on_message, client._pool.on_push
+    assert on_push is not None
+
+    def from_scheduler(message: Message) -> None:
+        if message["op"] == "task-finished":
+            with lock:
+                counts["scheduler"] += 1
+        on_message(message)
+
+    def from_worker(message: Message) -> None:
+        with lock:
+            counts["direct"] += 1
+        on_push(message)
+
+    client._on_message = from_scheduler  # type: ignore[method-assign]
+    client._pool.on_push = from_worker
+    return counts
+
+
+@pytest.fixture(scope="module")
+def one_worker() -> Iterator[LocalCluster]:
+    with LocalCluster(n_workers=1, threads_per_worker=1) as cluster:
+        yield cluster
+
+
+def test_once_connected_a_worker_tells_the_client_and_the_scheduler_does_not(
+    one_worker: LocalCluster,
+) -> None:
+    with Client(one_worker) as client:
+        assert client.submit(inc, 0, pure=False).result(timeout=30) == 1
+        worker = next(iter(client.scheduler_info()["workers"]))
+        # The first result came through the scheduler; the client connects to its holder.
+        wait_until(lambda: worker in client._pool._comms, timeout=30, what="worker connection")
+        counts = _count_results(client)
+        results = [client.submit(inc, i, pure=False).result(timeout=30) for i in range(20)]
+        assert results == [i + 1 for i in range(20)]
+        assert counts == {"scheduler": 0, "direct": 20}
+        assert client.check_invariants() == []
+
+
+def test_without_direct_results_the_client_never_connects_to_workers(
+    one_worker: LocalCluster,
+) -> None:
+    with config.set({"client.direct-results": False}), Client(one_worker) as client:
+        counts = _count_results(client)
+        futures = [client.submit(inc, i, pure=False) for i in range(20)]
+        assert client.gather(futures) == [i + 1 for i in range(20)]
+        assert counts == {"scheduler": 20, "direct": 0}
+        assert client._pool._comms == {}
+
+
+def test_a_late_direct_result_does_not_override_what_the_scheduler_said(
+    one_worker: LocalCluster,
+) -> None:
+    with Client(one_worker) as client:
+        future = client.submit(_fail, pure=False)
+        with pytest.raises(ValueError):
+            future.result(timeout=30)
+        worker = next(iter(client.scheduler_info()["workers"]))
+        client._on_direct(
+            {
+                "op": "task-finished",
+                "key": future.key,
+                "who_has": [worker],
+                "nbytes": 1,
+                "data": dumps_value(1),
+            }
+        )
+        assert future.status == "error"
+        with pytest.raises(ValueError, match="no good"):
+            future.result(timeout=30)
+
+
+def _fail() -> None:
+    raise ValueError("no good")

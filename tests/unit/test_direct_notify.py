@@ -1,0 +1,37 @@
+"""Workers may tell waiting clients of a result themselves; the scheduler tells the rest."""
+
+from __future__ import annotations
+
+from tests.unit.sim import Sim
+
+
+def _sim_with_two_clients_waiting() -> tuple[Sim, str, int]:
+    sim = Sim()
+    sim.add_client("c1")
+    sim.add_client("c2")
+    sim.add_worker("w", {})
+    sim.submit("t", client="c1")
+    sim.submit("t", client="c2")
+    address, run_id = sim.run_of("t")
+    return sim, address, run_id
+
+
+def test_the_compute_message_names_the_clients_waiting_for_the_result() -> None:
+    sim, _, _ = _sim_with_two_clients_waiting()
+    assert sorted(sim.computes[-1][1]["notify"]) == ["c1"]  # c2 came after the placement
+    sim.submit("u", client="c2")
+    assert sim.computes[-1][1]["notify"] == ["c2"]
+
+
+def test_the_scheduler_tells_only_the_clients_the_worker_did_not() -> None:
+    sim, address, run_id = _sim_with_two_clients_waiting()
+    del sim.runs[address][run_id]
+    sim.state.handle_task_finished(address, {"run_id": run_id, "nbytes": 8, "notified": ["c1"]})
+    sim.step()
+    finished = {
+        client: [m for m in messages if m["op"] == "task-finished"]
+        for client, messages in sim.to_clients.items()
+    }
+    assert finished.get("c1", []) == []
+    assert [m["key"] for m in finished["c2"]] == ["t"]
+    assert sim.state.tasks["t"].state == "memory"
