@@ -516,7 +516,9 @@ class Worker:
                 message = self._finished_message(task, payload)
                 # Stored before the scheduler hears of it: a peer may ask for it at once.
                 self.data[task.key] = value
-                if task.notify:
+                if task.notify and not self.ready and self._jobs.empty():
+                    # About to go idle: someone likely waits on this very result. (Busy
+                    # workers leave it to the scheduler, which batches for clients.)
                     self._tell_clients(task, message)
             else:
                 message = _erred_message(task, payload, text)
