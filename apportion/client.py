@@ -440,11 +440,16 @@ class Client:
     # ------------------------------------------------------- scheduler events
     async def _read_loop(self, comm: Comm) -> None:
         try:
-            while True:
-                for message in await comm.read():
-                    self._on_message(message)
+            await comm.serve(self._on_frame)
         except (CommClosedError, ProtocolError) as exc:
             self._on_lost(f"connection to scheduler {self.scheduler_address} lost: {exc}")
+        except Exception as exc:  # a malformed message
+            comm.close()
+            self._on_lost(f"bad message from scheduler {self.scheduler_address}: {exc!r}")
+
+    def _on_frame(self, messages: list[Message]) -> None:
+        for message in messages:
+            self._on_message(message)
 
     def _on_message(self, message: Message) -> None:
         op = message["op"]

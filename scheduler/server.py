@@ -142,25 +142,30 @@ class Scheduler:
         }
         reason = "connection closed"
         expected = False
+
+        def on_frame(messages: list[Message]) -> None:
+            nonlocal reason, expected
+            for message in messages:
+                op = message["op"]
+                if op == "heartbeat":
+                    self.state.handle_heartbeat(address)
+                    continue
+                if op == "goodbye":
+                    reason, expected = f"worker left: {message.get('reason')}", True
+                    comm.close(reason)
+                    break
+                handler = handlers.get(op)
+                if handler is None:
+                    raise ProtocolError(f"unknown worker operation {op!r}")
+                if op in ("data-acquired", "acquire-failed"):
+                    check_key(message)
+                elif op != "run-result":
+                    check_run_id(message)
+                handler(address, message)
+            self._flush()
+
         try:
-            while True:
-                for message in await comm.read():
-                    op = message["op"]
-                    if op == "heartbeat":
-                        self.state.handle_heartbeat(address)
-                        continue
-                    if op == "goodbye":
-                        reason, expected = f"worker left: {message.get('reason')}", True
-                        raise CommClosedError(reason)
-                    handler = handlers.get(op)
-                    if handler is None:
-                        raise ProtocolError(f"unknown worker operation {op!r}")
-                    if op in ("data-acquired", "acquire-failed"):
-                        check_key(message)
-                    elif op != "run-result":
-                        check_run_id(message)
-                    handler(address, message)
-                self._flush()
+            await comm.serve(on_frame)
         except CommClosedError:
             pass
         except (ProtocolError, KeyError, TypeError, ValueError) as exc:
@@ -182,11 +187,14 @@ class Scheduler:
         self.comms[client] = comm
         self.state.add_client(client)
         comm.send({"op": "welcome", "client_id": client, "scheduler": self.address})
+
+        def on_frame(messages: list[Message]) -> None:
+            for message in messages:
+                self._on_client_message(client, comm, message)
+            self._flush()
+
         try:
-            while True:
-                for message in await comm.read():
-                    self._on_client_message(client, comm, message)
-                self._flush()
+            await comm.serve(on_frame)
         except CommClosedError:
             pass
         except (ProtocolError, KeyError, TypeError, ValueError) as exc:

@@ -261,27 +261,30 @@ class Worker:
 
     async def _read_scheduler(self, comm: Comm) -> str:
         try:
-            while True:
-                for message in await comm.read():
-                    op = message["op"]
-                    if op == "compute":
-                        self._on_compute(message)
-                    elif op == "cancel":
-                        self._on_cancel(message["run_id"])
-                    elif op == "free-keys":
-                        for key in message["keys"]:
-                            self.data.pop(key, None)
-                    elif op == "run":
-                        background(self._on_run(message))
-                    elif op == "acquire-data":
-                        background(self._acquire(message["key"], message["who_has"]))
-                    else:
-                        logger.warning("ignoring unknown scheduler operation %r", op)
+            await comm.serve(self._on_scheduler_frame)
         except CommClosedError:
-            return "scheduler connection closed"
-        except (ProtocolError, KeyError, TypeError) as exc:
+            pass
+        except Exception as exc:  # a malformed frame or message
             comm.close()
             return f"bad message from scheduler: {exc!r}"
+        return "scheduler connection closed"
+
+    def _on_scheduler_frame(self, messages: list[Message]) -> None:
+        for message in messages:
+            op = message["op"]
+            if op == "compute":
+                self._on_compute(message)
+            elif op == "cancel":
+                self._on_cancel(message["run_id"])
+            elif op == "free-keys":
+                for key in message["keys"]:
+                    self.data.pop(key, None)
+            elif op == "run":
+                background(self._on_run(message))
+            elif op == "acquire-data":
+                background(self._acquire(message["key"], message["who_has"]))
+            else:
+                logger.warning("ignoring unknown scheduler operation %r", op)
 
     def _forget_everything(self) -> None:
         """A new scheduler knows none of our runs or data: drop them all.

@@ -96,8 +96,12 @@ class Comm(asyncio.Protocol):
         self._large_filled = 0
         self._frames: deque[bytes | bytearray | memoryview] = deque()
         self._frame_bytes = 0
-        self._error: ProtocolError | None = None
+        # What ended the stream: a malformed frame, or an error from the frame handler.
+        self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
+        # Set by serve(): whole frames go straight to it, and it ends when the comm does.
+        self._handler: Callable[[list[Message]], None] | None = None
+        self._ended: asyncio.Future[None] | None = None
         self._paused = False
         # Messages that arrived in the same frame as the handshake reply, for the next read.
         self._backlog: list[Message] = []
@@ -206,15 +210,53 @@ class Comm(asyncio.Protocol):
             self._wake()
         return data[take:]
 
-    def _fail(self, error: ProtocolError) -> None:
+    def _fail(self, error: Exception) -> None:
         self._error = error
         self.close(str(error))
-        self._wake()
 
     def _wake(self) -> None:
+        """Frames arrived, or the stream ended: tell the reader."""
+        if self._handler is not None:
+            self._deliver()
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self._closed_reason is not None:
+            self._stop_serving()
+
+    def _stop_serving(self) -> None:
+        self._handler = None
+        ended, self._ended = self._ended, None
+        if ended is not None and not ended.done():
+            ended.set_result(None)
+
+    def _deliver(self) -> None:
+        """Hand the whole frames to the handler, in order, until it is closed here (frames
+        that arrived before the peer closed are still handed over)."""
+        while self._frames and self._handler is not None:
+            payload = self._frames.popleft()
+            self._frame_bytes -= len(payload)
+            try:
+                messages = decode(payload)
+            except ProtocolError as exc:
+                self._fail(exc)
+                return
+            try:
+                self._handler(messages)
+            except Exception as exc:
+                # A message the handler could not take: nothing more is read, and serve()
+                # raises this, leaving the comm open for the caller to answer and close.
+                self._error = exc
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                self._stop_serving()
+                return
+        self._resume_if_drained()
+
+    def _resume_if_drained(self) -> None:
+        if self._paused and self._frame_bytes < READ_BACKLOG_BYTES // 2 and self.transport:
+            self._paused = False
+            self.transport.resume_reading()
 
     # ----------------------------------------------------------------- reading
     async def read(self) -> list[Message]:
@@ -231,14 +273,35 @@ class Comm(asyncio.Protocol):
             await self._waiter
         payload = self._frames.popleft()
         self._frame_bytes -= len(payload)
-        if self._paused and self._frame_bytes < READ_BACKLOG_BYTES // 2 and self.transport:
-            self._paused = False
-            self.transport.resume_reading()
+        self._resume_if_drained()
         try:
             return decode(payload)
         except ProtocolError as exc:
             self._fail(exc)
             raise
+
+    async def serve(self, handler: Callable[[list[Message]], None]) -> None:
+        """Call ``handler`` with each frame's messages as it arrives, on the event-loop
+        thread with no coroutine step in between, until the connection ends.
+
+        Raises CommClosedError once it is closed, or what ended it: a ProtocolError for a
+        malformed frame (the comm is closed), or the exception the handler raised (the
+        comm stays open, but reads nothing more).
+        """
+        if self._backlog:
+            backlog, self._backlog = self._backlog, []
+            handler(backlog)
+        self._ended = asyncio.get_running_loop().create_future()
+        self._handler = handler
+        self._wake()  # frames that came before, or an end that did
+        try:
+            if self._closed_reason is None:
+                await self._ended
+        finally:
+            self._handler = None
+        if self._error is not None:
+            raise self._error
+        raise CommClosedError(f"connection to {self.peer} closed: {self._closed_reason}")
 
     # ----------------------------------------------------------------- writing
     def allow_thread_writes(self) -> None:
@@ -381,6 +444,7 @@ class Comm(asyncio.Protocol):
             raise CommClosedError(f"connection to {self.peer} closed while writing")
 
     def close(self, reason: str = "closed locally") -> None:
+        self._handler = None  # nothing more is read once closed here
         with self.write_lock:
             if self._closed_reason is None:
                 self._closed_reason = reason

@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import pytest
 
-from apportion.protocol import Comm, Message, ProtocolError
+from apportion.protocol import Comm, CommClosedError, Message, ProtocolError
 from apportion.protocol import comm as comm_module
 from apportion.protocol.comm import adopt
-from apportion.protocol.frames import encode
+from apportion.protocol.frames import HEADER, encode
 
 BIG = 1 << 26
 
@@ -181,5 +181,58 @@ def test_write_returns_once_the_kernel_took_everything() -> None:
         got = await _read(receiver, 1)
         await asyncio.wait_for(writing, 30)
         assert got[0]["data"] == big["data"]
+
+    asyncio.run(main())
+
+
+def test_serve_hands_over_every_frame_in_order_even_those_sent_before_the_peer_closed() -> None:
+    async def main() -> None:
+        a, b = socket.socketpair()
+        receiver = await adopt(b, "b", max_frame=BIG)
+        a.sendall(encode([{"op": "early"}]))  # before serve() is called
+        await _until(lambda: receiver._frames, "the first frame")
+        a.sendall(encode([{"op": "x"}, {"op": "y"}]) + encode([{"op": "last"}]))
+        a.close()
+        got: list[str] = []
+        with pytest.raises(CommClosedError):
+            await asyncio.wait_for(receiver.serve(lambda ms: got.extend(m["op"] for m in ms)), 30)
+        assert got == ["early", "x", "y", "last"]
+
+    asyncio.run(main())
+
+
+def test_serve_raises_what_the_handler_raised_and_leaves_the_comm_open_to_answer() -> None:
+    async def main() -> None:
+        sender, receiver = await _pair()
+        sender.send_many([{"op": "ok"}, {"op": "bad"}])
+        sender.flush()
+        sender.send({"op": "never"})  # a later frame: not handed over
+        got: list[str] = []
+
+        def handle(messages: list[Message]) -> None:
+            for message in messages:
+                if message["op"] == "bad":
+                    raise KeyError("bad")
+                got.append(message["op"])
+
+        with pytest.raises(KeyError):
+            await asyncio.wait_for(receiver.serve(handle), 30)
+        assert got == ["ok"]
+        assert not receiver.closed
+        await receiver.write([{"op": "error", "reason": "bad message"}])
+        assert [m["op"] for m in await _read(sender, 1)] == ["error"]
+
+    asyncio.run(main())
+
+
+def test_serve_ends_with_a_protocol_error_for_a_malformed_frame_and_closes() -> None:
+    async def main() -> None:
+        a, b = socket.socketpair()
+        receiver = await adopt(b, "b", max_frame=BIG)
+        a.sendall(HEADER.pack(3) + b"\xc1\xc1\xc1")
+        with pytest.raises(ProtocolError, match="not valid msgpack"):
+            await asyncio.wait_for(receiver.serve(lambda ms: None), 30)
+        assert receiver.closed
+        a.close()
 
     asyncio.run(main())
