@@ -72,18 +72,24 @@ class ConnectionPool:
 
     async def _read_replies(self, address: str, comm: Comm) -> None:
         reason: Exception = CommClosedError(f"connection to {address} closed")
+
+        def on_frame(messages: list[Message]) -> None:
+            for message in messages:
+                if "id" not in message:
+                    if self.on_push is not None:
+                        self.on_push(message)
+                    continue
+                entry = self._pending.pop(message["id"], None)
+                if entry is not None and not entry[1].done():
+                    entry[1].set_result(message)
+
         try:
-            while True:
-                for message in await comm.read():
-                    if "id" not in message:
-                        if self.on_push is not None:
-                            self.on_push(message)
-                        continue
-                    entry = self._pending.pop(message["id"], None)
-                    if entry is not None and not entry[1].done():
-                        entry[1].set_result(message)
+            await comm.serve(on_frame)
         except (CommClosedError, ProtocolError) as exc:
             reason = CommClosedError(f"connection to {address} lost: {exc}")
+        except Exception as exc:  # a malformed message
+            comm.close()
+            reason = CommClosedError(f"bad message from {address}: {exc!r}")
         finally:
             if self._comms.get(address) is comm:
                 del self._comms[address]
