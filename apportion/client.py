@@ -118,7 +118,11 @@ class Client:
         self._comm.allow_thread_writes()
         client_id = str(welcome["client_id"])
         self._pool = ConnectionPool(
-            "client", self.token, info={"client_id": client_id}, on_push=self._on_direct
+            "client",
+            self.token,
+            info={"client_id": client_id},
+            on_push=self._on_direct,
+            on_closed=self._on_worker_connection_closed,
         )
         # Workers this client connected to (or tried to) so that they tell it of results.
         self._direct_workers: set[str] | None = (
@@ -487,6 +491,11 @@ class Client:
             return
         direct.add(who_has[0])
         background(self._pool.open(who_has[0]))
+
+    def _on_worker_connection_closed(self, address: str) -> None:
+        # Connect again on its next result: a worker restarted at the same address, say.
+        if self._direct_workers is not None:
+            self._direct_workers.discard(address)
 
     def _on_direct(self, message: Message) -> None:
         """A worker tells us of a result. The scheduler has not yet heard of it, and may

@@ -26,11 +26,13 @@ class ConnectionPool:
         token: str | None,
         info: dict[str, Any] | None = None,
         on_push: Callable[[Message], None] | None = None,
+        on_closed: Callable[[str], None] | None = None,
     ) -> None:
         self.role = role
         self.token = token
         self.info = info  # sent with the handshake
         self.on_push = on_push
+        self.on_closed = on_closed  # told the address when an open connection ends
         self._comms: dict[str, Comm] = {}
         self._connecting: dict[str, asyncio.Future[Comm]] = {}
         self._pending: dict[int, tuple[str, asyncio.Future[Message]]] = {}
@@ -93,6 +95,8 @@ class ConnectionPool:
         finally:
             if self._comms.get(address) is comm:
                 del self._comms[address]
+            if self.on_closed is not None:
+                self.on_closed(address)
             for request_id, (peer, future) in list(self._pending.items()):
                 if peer == address:
                     del self._pending[request_id]

@@ -93,3 +93,25 @@ def test_a_late_direct_result_does_not_override_what_the_scheduler_said(
 
 def _fail() -> None:
     raise ValueError("no good")
+
+
+def test_after_its_worker_restarts_the_client_connects_again_and_is_told_directly() -> None:
+    with LocalCluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as client:
+        assert client.submit(inc, 0, pure=False).result(timeout=30) == 1
+        (old,) = client.scheduler_info()["workers"]
+        wait_until(lambda: old in client._pool._comms, timeout=30, what="worker connection")
+        cluster.kill_worker(next(iter(cluster.workers)), restart=True)
+        wait_until(
+            lambda: old not in client._direct_workers, timeout=30, what="the connection loss"
+        )
+        wait_until(
+            lambda: list(client.scheduler_info()["workers"]) not in ([], [old]),
+            timeout=60,
+            what="the restarted worker",
+        )
+        (new,) = client.scheduler_info()["workers"]
+        assert client.submit(inc, 1, pure=False).result(timeout=30) == 2
+        wait_until(lambda: new in client._pool._comms, timeout=30, what="the new connection")
+        counts = _count_results(client)
+        assert client.submit(inc, 2, pure=False).result(timeout=30) == 3
+        assert counts == {"scheduler": 0, "direct": 1}
