@@ -16,30 +16,20 @@ import logging
 import os
 import socket
 import threading
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from apportion import config
 from apportion.aio import background
 from apportion.protocol import tls
-from apportion.protocol.frames import (
-    HEADER_BYTES,
-    PROTOCOL_VERSION,
-    Message,
-    ProtocolError,
-    decode,
-    encode,
-    frame_length,
-)
+from apportion.protocol.frames import PROTOCOL_VERSION, Message, ProtocolError, decode, encode
+from apportion.protocol.reader import FrameReader
 
 logger = logging.getLogger("apportion.comm")
 
 # Nothing but a small handshake is accepted from a peer before it has authenticated.
 HANDSHAKE_FRAME_LIMIT = 64 * 1024
 HANDSHAKE_TIMEOUT = 10.0
-# A frame this large is collected in a buffer of its own size, allocated once.
-LARGE_FRAME_BYTES = 256 * 1024
 # Reading pauses while this much arrived unread (a peer outpacing its reader).
 READ_BACKLOG_BYTES = 32 * 1024 * 1024
 
@@ -88,14 +78,8 @@ class Comm(asyncio.Protocol):
         self._flush_pending = False
         self._later_pending = False
         self._closed_reason: str | None = None
-        # Reading: bytes of an incomplete frame, and whole frames (or the error that
-        # ended the stream) waiting for read().
-        self._limit = first_frame_limit or self.max_frame
-        self._inbox = bytearray()
-        self._large: bytearray | None = None  # a large frame being filled
-        self._large_filled = 0
-        self._frames: deque[bytes | bytearray | memoryview] = deque()
-        self._frame_bytes = 0
+        # Reading: whole frames wait in the reader for read() or the serve() handler.
+        self._reader = FrameReader(self.max_frame, first_frame_limit)
         # What ended the stream: a malformed frame, or an error from the frame handler.
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -152,63 +136,17 @@ class Comm(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._error is not None:
             return  # the stream already failed: nothing after that is read
-        if self._large is not None:
-            data = self._fill_large(data)
-            if not data:
-                return
-        if not self._inbox and len(data) >= HEADER_BYTES:
-            # The common case, nothing left over: cut frames straight out of the chunk.
-            self._cut(memoryview(data))
-        else:
-            self._inbox += data
-            self._cut(memoryview(bytes(self._inbox)))
-        if self._frame_bytes > READ_BACKLOG_BYTES and not self._paused and self.transport:
-            self._paused = True
-            self.transport.pause_reading()
-
-    def _cut(self, view: memoryview) -> None:
-        """Move the whole frames at the start of ``view`` to the frame queue; keep the
-        rest (an incomplete frame) for the next chunk."""
-        start = 0
-        size = len(view)
+        reader = self._reader
         try:
-            while size - start >= HEADER_BYTES:
-                length = frame_length(view[start : start + HEADER_BYTES], self._limit)
-                self._limit = self.max_frame
-                end = start + HEADER_BYTES + length
-                if end > size:
-                    if length >= LARGE_FRAME_BYTES:
-                        self._start_large(view[start + HEADER_BYTES :], length)
-                        start = size
-                    break
-                self._frames.append(view[start + HEADER_BYTES : end])
-                self._frame_bytes += length
-                start = end
+            reader.feed(data)
         except ProtocolError as exc:
             self._fail(exc)
             return
-        self._inbox = bytearray(view[start:]) if start < size else bytearray()
-        if self._frames:
+        if reader.frames:
             self._wake()
-
-    def _start_large(self, have: memoryview, length: int) -> None:
-        self._large = bytearray(length)
-        self._large[: len(have)] = have
-        self._large_filled = len(have)
-
-    def _fill_large(self, data: bytes) -> bytes:
-        """Copy into the large frame being filled; returns the bytes past its end."""
-        large = self._large
-        assert large is not None
-        take = min(len(large) - self._large_filled, len(data))
-        large[self._large_filled : self._large_filled + take] = data[:take]
-        self._large_filled += take
-        if self._large_filled == len(large):
-            self._large = None
-            self._frames.append(large)
-            self._frame_bytes += len(large)
-            self._wake()
-        return data[take:]
+        if reader.waiting_bytes > READ_BACKLOG_BYTES and not self._paused and self.transport:
+            self._paused = True
+            self.transport.pause_reading()
 
     def _fail(self, error: Exception) -> None:
         self._error = error
@@ -233,11 +171,10 @@ class Comm(asyncio.Protocol):
     def _deliver(self) -> None:
         """Hand the whole frames to the handler, in order, until it is closed here (frames
         that arrived before the peer closed are still handed over)."""
-        while self._frames and self._handler is not None:
-            payload = self._frames.popleft()
-            self._frame_bytes -= len(payload)
+        reader = self._reader
+        while reader.frames and self._handler is not None:
             try:
-                messages = decode(payload)
+                messages = decode(reader.pop())
             except ProtocolError as exc:
                 self._fail(exc)
                 return
@@ -254,7 +191,7 @@ class Comm(asyncio.Protocol):
         self._resume_if_drained()
 
     def _resume_if_drained(self) -> None:
-        if self._paused and self._frame_bytes < READ_BACKLOG_BYTES // 2 and self.transport:
+        if self._paused and self._reader.waiting_bytes < READ_BACKLOG_BYTES // 2 and self.transport:
             self._paused = False
             self.transport.resume_reading()
 
@@ -264,15 +201,14 @@ class Comm(asyncio.Protocol):
         if self._backlog:
             backlog, self._backlog = self._backlog, []
             return backlog
-        while not self._frames:
+        while not self._reader.frames:
             if self._error is not None:
                 raise self._error
             if self._closed_reason is not None:
                 raise CommClosedError(f"connection to {self.peer} closed")
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
-        payload = self._frames.popleft()
-        self._frame_bytes -= len(payload)
+        payload = self._reader.pop()
         self._resume_if_drained()
         try:
             return decode(payload)

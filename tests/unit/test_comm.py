@@ -161,7 +161,7 @@ def test_reading_pauses_while_much_arrived_unread_and_loses_nothing(
         writer.start()
         await _until(lambda: receiver._paused, "reading to pause")
         # Paused: what waits unread is bounded by the backlog limit and one chunk more.
-        assert receiver._frame_bytes < 1_000_000 + 300_000
+        assert receiver._reader.waiting_bytes < 1_000_000 + 300_000
         got = await _read(receiver, len(frames))
         assert [m["i"] for m in got] == list(range(500))
         assert not receiver._paused
@@ -190,7 +190,7 @@ def test_serve_hands_over_every_frame_in_order_even_those_sent_before_the_peer_c
         a, b = socket.socketpair()
         receiver = await adopt(b, "b", max_frame=BIG)
         a.sendall(encode([{"op": "early"}]))  # before serve() is called
-        await _until(lambda: receiver._frames, "the first frame")
+        await _until(lambda: receiver._reader.frames, "the first frame")
         a.sendall(encode([{"op": "x"}, {"op": "y"}]) + encode([{"op": "last"}]))
         a.close()
         got: list[str] = []
