@@ -109,6 +109,10 @@ class Worker:
         self.tasks: dict[int, LocalTask] = {}
         self.ready: list[LocalTask] = []
         self.running = 0
+        # Guards the slots: the ready list, the running count, the ledger, and each task's
+        # move from ready to running. A task thread takes it to free its slot and start the
+        # next ready task itself, without waking the loop in between.
+        self._slots = threading.Lock()
         self.data: dict[str, Any] = {}
         # Dependencies fetched from peers, kept while a task here still needs them.
         self.fetched: dict[str, Any] = {}
@@ -295,13 +299,14 @@ class Worker:
         with self._report_lock:
             self.epoch += 1
             self.data.clear()
+        with self._slots:
+            self.ready.clear()  # no thread can start any of them now
         for task in list(self.tasks.values()):
             if task.state == "running":
                 task.cancelled = True
                 del self.tasks[task.run_id]
             else:
                 self._drop(task)
-        self.ready.clear()
         self.fetched.clear()
         self.fetched_refs.clear()
 
@@ -330,8 +335,13 @@ class Worker:
         task = self.tasks.get(run_id)
         if task is None:
             return
-        if task.state == "running":
-            task.cancelled = True  # its thread cannot be interrupted; reported when it ends
+        with self._slots:  # a thread may be starting it right now
+            running = task.state == "running"
+            if running:
+                task.cancelled = True  # its thread cannot be interrupted; reported when it ends
+            elif task in self.ready:
+                self.ready.remove(task)
+        if running:
             return
         self._drop(task)
         self._send({"op": "task-released", "key": task.key, "run_id": run_id})
@@ -340,8 +350,9 @@ class Worker:
     def _drop(self, task: LocalTask) -> None:
         if self.tasks.get(task.run_id) is task:
             del self.tasks[task.run_id]
-        if task in self.ready:
-            self.ready.remove(task)
+        with self._slots:
+            if task in self.ready:
+                self.ready.remove(task)
         for key in task.fetch_keys:
             refs = self.fetched_refs.get(key, 0) - 1
             if refs <= 0:
@@ -414,28 +425,44 @@ class Worker:
 
     # --------------------------------------------------------------- execution
     def _make_ready(self, task: LocalTask) -> None:
-        task.state = "ready"
-        self.ready.append(task)
+        with self._slots:
+            task.state = "ready"
+            self.ready.append(task)
         self._start_ready()
 
     def _start_ready(self) -> None:
-        self._book_done()  # their threads and resources are free again
-        while self.running < self.nthreads and self.ready:
-            task = self._next_startable()
-            if task is None:
-                return
-            self.ready.remove(task)
-            task.units = self.ledger.acquire(task.shape)
-            task.state = "running"
-            self.running += 1
-            self._jobs.put(task)
+        self._book_done()  # what their threads reported, or could not
+        with self._slots:
+            while (task := self._take_startable()) is not None:
+                self._jobs.put(task)
 
-    def _next_startable(self) -> LocalTask | None:
+    def _take_startable(self) -> LocalTask | None:
+        """Under ``_slots``: give a free thread the most urgent ready task whose resources
+        are free now (taking them), or None."""
+        if self.running >= self.nthreads:
+            return None
         best: LocalTask | None = None
         for task in self.ready:
             if self.ledger.fits_now(task.shape) and (best is None or task.priority > best.priority):
                 best = task
+        if best is not None:
+            self.ready.remove(best)
+            best.units = self.ledger.acquire(best.shape)
+            best.state = "running"
+            self.running += 1
         return best
+
+    def _finish_and_take_next(self, task: LocalTask) -> LocalTask | None:
+        """In a task thread: free its slot and resources, and take the next ready task.
+        Others that can start now (what was freed may fit several) go to idle threads."""
+        with self._slots:
+            self.running -= 1
+            self.ledger.release(task.shape, task.units)
+            mine = self._take_startable()
+            if mine is not None:
+                while (other := self._take_startable()) is not None:
+                    self._jobs.put(other)
+            return mine
 
     def _resolve(self, key: str) -> Any:
         try:
@@ -444,29 +471,33 @@ class Worker:
             return self.fetched[key]
 
     def _task_thread(self) -> None:
-        """A task thread: run what _start_ready hands over, report back to the loop."""
-        while True:
-            task = self._jobs.get()
-            if task is None:
-                return
+        """A task thread: run what _start_ready hands over, and then the next ready task
+        while there is one, report each to the scheduler (or, failing that, the loop)."""
+        task = self._jobs.get()
+        while task is not None:
             outcome = self._execute(task)
             reported = self._report(task, outcome)
             self._done.append((task, outcome, reported))
-            if reported and not self.ready:
-                # The scheduler knows. The loop books the run when it next starts tasks
-                # (any new one: _start_ready) or at the heartbeat; waking it now would only
-                # take the CPU from the scheduler and client. Checked after the append:
-                # a task made ready meanwhile either is seen here or sees the outcome.
-                continue
-            # Wake the loop only if no drain is pending already: one wake-up per burst.
-            with self._done_lock:
-                if self._drain_scheduled:
-                    continue
-                self._drain_scheduled = True
-            try:
-                self._loop.call_soon_threadsafe(self._drain_done)
-            except RuntimeError:
+            following = self._finish_and_take_next(task)
+            # Reported: the loop books the run when it next starts tasks (any new one:
+            # _start_ready) or at the heartbeat; waking it now would only take the CPU from
+            # the scheduler and client. Otherwise the loop must tell the scheduler: wake it,
+            # unless a drain is pending already (one wake-up per burst).
+            if not reported and self._schedule_drain() is False:
                 return  # the event loop is closed: the worker is gone
+            task = following if following is not None else self._jobs.get()
+
+    def _schedule_drain(self) -> bool | None:
+        """Have the loop drain outcomes soon; False once the loop is closed."""
+        with self._done_lock:
+            if self._drain_scheduled:
+                return None
+            self._drain_scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain_done)
+        except RuntimeError:
+            return False
+        return True
 
     def _drain_done(self) -> None:
         # Clear the flag first: an outcome appended after it is either drained below or
@@ -578,8 +609,7 @@ class Worker:
             set_current(None)
 
     def _on_done(self, task: LocalTask, outcome: Outcome, reported: bool) -> None:
-        self.running -= 1
-        self.ledger.release(task.shape, task.units)
+        # Its thread freed its slot and resources already (_finish_and_take_next).
         if task.epoch != self.epoch:
             return  # a run the current scheduler never heard of
         self._drop(task)
