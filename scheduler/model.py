@@ -90,6 +90,9 @@ class WorkerState:
         "last_seen",
         "max_slots",
         "memory_limit",
+        "menu",
+        "menu_size",
+        "menu_version",
         "name",
         "nthreads",
         "processing",
@@ -125,6 +128,10 @@ class WorkerState:
         self.processing: dict[int, TaskState] = {}
         self.has_what: set[TaskState] = set()
         self.fitting_shapes: set[Shape] = set()
+        # The ready queues of those shapes, cached by ReadyQueues (see ReadyQueues.pop_for).
+        self.menu: list[Any] = []
+        self.menu_version = -1
+        self.menu_size = 0
         self.memory_limit = memory_limit
         self.last_seen = 0.0
         # Scheduler clock time it last became idle (running nothing); None while busy.

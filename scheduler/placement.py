@@ -140,11 +140,15 @@ class ReadyQueues:
 
     def __init__(self) -> None:
         self.by_shape: dict[Shape, _ShapeQueue] = {}
+        # Bumped whenever a shape's queue comes or goes: each worker's menu (the queues of
+        # the shapes it fits, see _menu) is rebuilt when it was made for another version.
+        self.version = 0
 
     def push(self, ts: TaskState) -> None:
         queue = self.by_shape.get(ts.shape)
         if queue is None:
             queue = self.by_shape[ts.shape] = _ShapeQueue(ts.priority)
+            self.version += 1
         lane = queue.top if ts.priority == queue.top_priority else queue.lane(ts.priority)
         if not lane or lane[-1].seq < ts.seq:
             lane.append(ts)
@@ -159,31 +163,46 @@ class ReadyQueues:
     def drain(self, shape: Shape) -> list[TaskState]:
         """Remove and return every live queued task of one shape, in queue order."""
         queue = self.by_shape.pop(shape, None)
-        return [] if queue is None else queue.live()
+        if queue is None:
+            return []
+        self.version += 1
+        return queue.live()
 
     def pop_for(self, ws: WorkerState) -> TaskState | None:
         """Remove and return the most urgent queued task ``ws`` can start now."""
         best: TaskState | None = None
         best_queue: _ShapeQueue | None = None
-        emptied: list[Shape] = []
-        fitting, free = ws.fitting_shapes, ws.free
-        for shape, queue in self.by_shape.items():
-            # Every worker fits the empty demand (it is in every worker's fitting shapes).
-            if shape and (shape not in fitting or not fits(shape, free)):
+        emptied = False
+        free, fitting = ws.free, ws.fitting_shapes
+        # The queues of the shapes ws could ever run, cached per version of the queues and
+        # size of its fitting shapes (which only grow).
+        if ws.menu_version != self.version or ws.menu_size != len(fitting):
+            # Every worker fits the empty demand (also when not in its fitting shapes).
+            ws.menu = [(s, q) for s, q in self.by_shape.items() if not s or s in fitting]
+            ws.menu_version, ws.menu_size = self.version, len(fitting)
+        for shape, queue in ws.menu:
+            if shape and not fits(shape, free):
                 continue
             ts = queue.head()
             if ts is None:
-                emptied.append(shape)
+                emptied = True
             elif best is None or (
                 ts.priority > best.priority if ts.priority != best.priority else ts.seq < best.seq
             ):
                 best, best_queue = ts, queue
-        for shape in emptied:
-            del self.by_shape[shape]
+        if emptied:
+            self._drop_empty()
         if best_queue is None:
             return None
         best_queue.top.popleft()
         return best
+
+    def _drop_empty(self) -> None:
+        """Forget the queues found empty (their shape's head() returned None)."""
+        empty = [shape for shape, queue in self.by_shape.items() if not queue.order]
+        for shape in empty:
+            del self.by_shape[shape]
+        self.version += 1
 
 
 def _seq(ts: TaskState) -> int:

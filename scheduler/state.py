@@ -16,7 +16,6 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable
-from operator import attrgetter
 from typing import Any
 
 from apportion.scheduler.model import ACTIVE, NOTHING, TaskState, WorkerState
@@ -25,11 +24,10 @@ from apportion.scheduler.retirement import RetirementMixin, bytes_held, in_servi
 
 from apportion import config
 from apportion.errors import KilledWorkerError, NoValidWorkerError
-from apportion.resources import Shape, fits, format_resources, to_shape
+from apportion.resources import EMPTY_SHAPE, Shape, fits, format_resources, to_shape
 from apportion.serialize import dumps_value
 
 logger = logging.getLogger("apportion.scheduler")
-_address = attrgetter("address")
 
 Message = dict[str, Any]
 
@@ -122,6 +120,7 @@ class SchedulerState(RetirementMixin):
         shapes = self._shapes
         wants = self._with(NOTHING, client)
         seq = self._seq
+        urgent = 0  # any priority in this batch
         for spec in specs:
             key = spec["key"]
             ts = tasks.get(key)
@@ -129,16 +128,22 @@ class SchedulerState(RetirementMixin):
                 ts.who_wants = self._with(ts.who_wants, client)
                 self._report_existing(client, ts)
                 continue
-            shape = to_shape(spec.get("resources"))
-            shape = shapes.setdefault(shape, shape)
+            resources = spec.get("resources")
+            if resources:
+                shape = to_shape(resources)
+                shape = shapes.setdefault(shape, shape)
+            else:
+                shape = EMPTY_SHAPE
             priority = spec.get("priority")
+            if priority:
+                priority = urgent = int(priority)
             retries = spec.get("retries")
             ts = TaskState(
                 key,
                 spec["func"],
                 spec["args"],
                 shape,
-                int(priority) if priority else 0,
+                priority or 0,
                 int(retries) if retries else 0,
                 next(seq),
                 wants,
@@ -167,7 +172,7 @@ class SchedulerState(RetirementMixin):
             new.append(ts)
         # Most urgent first, so priority holds within one batch as well as across batches
         # (already so when no task has a priority: seq follows the order of the batch).
-        if any(ts.priority for ts in new):
+        if urgent:
             new.sort(key=lambda t: (-t.priority, t.seq))
         for ts in new:
             if ts.dependencies:
@@ -502,23 +507,23 @@ class SchedulerState(RetirementMixin):
                 free[name] = total[name] - used[name]
         if len(processing) >= ws.slots:
             self.with_slots.pop(ws, None)
-        self.send(
-            ws.address,
-            {
-                "op": "compute",
-                "key": ts.key,
-                "run_id": run_id,
-                "func": ts.func,
-                "args": ts.args,
-                "deps": {d.key: list(map(_address, d.who_has)) for d in ts.dependencies}
-                if ts.dependencies
-                else {},
-                "resources": dict(shape) if shape else {},
-                "priority": ts.priority,
-                # Clients the worker may tell of the result itself, a hop sooner.
-                "notify": list(ts.who_wants),
-            },
-        )
+        message: Message = {
+            "op": "compute",
+            "key": ts.key,
+            "run_id": run_id,
+            "func": ts.func,
+            "args": ts.args,
+            # Clients the worker may tell of the result itself, a hop sooner.
+            "notify": list(ts.who_wants),
+        }
+        # Left out when empty or zero (the worker's defaults): most tasks have none of them.
+        if ts.dependencies:
+            message["deps"] = {d.key: [w.address for w in d.who_has] for d in ts.dependencies}
+        if shape:
+            message["resources"] = dict(shape)
+        if ts.priority:
+            message["priority"] = ts.priority
+        self.send(ws.address, message)
 
     def _end_run(self, ws: WorkerState | None, run_id: int) -> TaskState | None:
         """Release the resources of a run the worker reports over (exactly once)."""
@@ -645,7 +650,7 @@ class SchedulerState(RetirementMixin):
             "op": "task-finished",
             "key": ts.key,
             "nbytes": ts.nbytes,
-            "who_has": list(map(_address, ts.who_has)),
+            "who_has": [ws.address for ws in ts.who_has],
         }
         if data is not None:
             message["data"] = data

@@ -80,7 +80,7 @@ class Sim:
         for address, ws in self.state.workers.items():
             expected: dict[str, float] = dict.fromkeys(ws.total, 0)
             for msg in self.runs[address].values():
-                for name, amount in msg["resources"].items():
+                for name, amount in msg.get("resources", {}).items():
                     expected[name] = expected.get(name, 0) + amount
             for name in set(expected) | set(ws.used):
                 assert abs(ws.used.get(name, 0) - expected.get(name, 0)) < 1e-9, (
