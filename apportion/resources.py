@@ -32,7 +32,7 @@ def validate_name(name: object) -> str:
     return name
 
 
-def validate_amount(name: str, amount: object, *, allow_zero: bool) -> float:
+def validate_amount(name: str, amount: object, *, allow_zero: bool) -> int | float:
     if isinstance(amount, bool) or not isinstance(amount, (int, float)):
         raise TypeError(
             f"resource {name!r} amount must be a number, got {type(amount).__name__} {amount!r}"
@@ -46,7 +46,8 @@ def validate_amount(name: str, amount: object, *, allow_zero: bool) -> float:
     return int(value) if value.is_integer() else value
 
 
-def validate(resources: Mapping[str, Any] | None, *, what: str = "demand") -> Resources:
+# Keys typed Any: they come from users and the wire, and are checked here.
+def validate(resources: Mapping[Any, Any] | None, *, what: str = "demand") -> Resources:
     """Check a resource mapping and return a clean copy with numeric amounts.
 
     Demands must be positive (a zero demand is dropped: it constrains nothing);

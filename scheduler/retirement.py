@@ -22,16 +22,24 @@ Message = dict[str, Any]
 
 
 class RetirementMixin:
-    # Provided by SchedulerState.
+    # Provided by SchedulerState (declared here so that the compiled build knows them).
     workers: dict[str, WorkerState]
     tasks: dict[str, TaskState]
     idle: dict[WorkerState, None]
     with_slots: dict[WorkerState, None]
     clock: Callable[[], float]
-    send: Callable[[str, Message], None]
-    _with: Callable[[frozenset[Any], Hashable], frozenset[Any]]
-    _needed: Callable[[TaskState], bool]
-    _fill: Callable[[WorkerState], None]
+
+    def send(self, dest: str, message: Message) -> None:
+        raise NotImplementedError
+
+    def _with(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
+        raise NotImplementedError
+
+    def _needed(self, ts: TaskState) -> bool:
+        raise NotImplementedError
+
+    def _fill(self, ws: WorkerState) -> None:
+        raise NotImplementedError
 
     def _init_retirements(self, retire_timeout: float) -> None:
         self.retire_timeout = retire_timeout
