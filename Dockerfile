@@ -12,8 +12,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 COPY . /src
 # The kubernetes extra (kopf, kubernetes) is what `apportion operator` needs.
-RUN pip install --no-cache-dir ".[kubernetes]" \
-    && rm -rf /src
+# APPORTION_COMPILE=1 compiles the scheduler's state machine with mypyc (setup.py). pip puts
+# mypy into its throwaway build environment; the C compiler is removed in the same layer.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && APPORTION_COMPILE=1 pip install --no-cache-dir ".[kubernetes]" \
+    && apt-get purge -y --auto-remove gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* /src
 
 # Non-root, with a fixed UID/GID the Helm chart's securityContext (runAsUser 10001) expects.
 RUN groupadd --system --gid 10001 apportion \

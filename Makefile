@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint format clean k8s-bin k8s-up test-k8s bench bench-quick profile
+.PHONY: demo test test-compiled lint format clean k8s-bin k8s-up test-k8s bench bench-quick profile
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## the resources example on a local cluster
 	$(BIN)/apportion demo
 
-test: $(STAMP) k8s-bin  ## lint, then the whole test suite (Kubernetes tests included)
+test: $(STAMP) k8s-bin  ## lint, the whole test suite (Kubernetes tests included), the compiled build
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory test-compiled
 
 k8s-bin:  ## build (or reuse) the test Kubernetes binaries: 6-14 min cold, instant when cached
 	bash tests/k8s/build.sh
@@ -36,24 +37,64 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# Benchmarks against dask.distributed and Ray live in their own venv (big dependencies).
+# The compiled build (setup.py): the scheduler's state machine compiled with mypyc, installed
+# from a wheel (never editable). Its venvs reinstall whenever the package's sources change.
+PACKAGE_SOURCES := setup.py pyproject.toml \
+	$(shell find apportion scheduler worker k8s_operator -name '*.py' -not -path '*/__pycache__/*')
+# The build needs mypy; installed into the venv itself, so pip builds without isolation.
+BUILD_REQS      := "setuptools>=77" wheel mypy
+COMPILED_VENV   := .venv-compiled
+COMPILED_STAMP  := $(COMPILED_VENV)/.installed
+# The scheduler's pure unit tests, a few on real processes, and the check that they really
+# ran the compiled modules.
+COMPILED_TESTS  := compiled/test_compiled_build.py unit/test_resources.py \
+	unit/test_scheduler_state.py unit/test_scheduler_random.py unit/test_placement.py \
+	unit/test_perf_placement.py unit/test_retire.py unit/test_validation.py \
+	integration/test_resources.py integration/test_worker_loss.py
+
+$(COMPILED_STAMP): $(PACKAGE_SOURCES)
+	$(PYTHON) -m venv $(COMPILED_VENV)
+	$(COMPILED_VENV)/bin/pip install --quiet --upgrade pip $(BUILD_REQS)
+	APPORTION_COMPILE=1 $(COMPILED_VENV)/bin/pip install --quiet --no-build-isolation '.[test]'
+	touch $(COMPILED_STAMP)
+
+# pytest puts the directory above the tests/ package first on sys.path; at the repository
+# root that would import the source tree's apportion/ instead of the compiled install. So
+# the tests run from a copy of tests/ in an empty temporary directory (which is also the
+# working directory of the processes they start).
+test-compiled: $(COMPILED_STAMP)  ## the scheduler's tests against the mypyc-compiled build
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cp -R tests "$$tmp/" && \
+	cd "$$tmp" && APPORTION_EXPECT_COMPILED=1 $(CURDIR)/$(COMPILED_VENV)/bin/python -m pytest \
+		-c $(CURDIR)/pyproject.toml --rootdir . -p no:cacheprovider \
+		$(addprefix tests/,$(COMPILED_TESTS))
+
+# Benchmarks against dask.distributed and Ray live in their own venv (big dependencies),
+# with apportion compiled as above.
 BENCH_VENV  := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
+# They run from a directory holding only a link to benchmarks/: `python -m` puts the working
+# directory first on sys.path, and at the repository root that would import the source
+# tree's apportion/ instead of the compiled install. (Relative paths in BENCH_ARGS are
+# relative to that directory: give --out as an absolute path.)
+BENCH_PATH  := $(BENCH_VENV)/path
+BENCH_RUN   := cd $(BENCH_PATH) && $(CURDIR)/$(BENCH_VENV)/bin/python -m
 
-$(BENCH_STAMP): pyproject.toml benchmarks/requirements.txt
+$(BENCH_STAMP): $(PACKAGE_SOURCES) benchmarks/requirements.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
-	$(BENCH_VENV)/bin/pip install --quiet -e . -r benchmarks/requirements.txt
+	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip $(BUILD_REQS)
+	$(BENCH_VENV)/bin/pip install --quiet -r benchmarks/requirements.txt
+	APPORTION_COMPILE=1 $(BENCH_VENV)/bin/pip install --quiet --no-build-isolation .
+	mkdir -p $(BENCH_PATH) && ln -sfn $(CURDIR)/benchmarks $(BENCH_PATH)/benchmarks
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)  ## apportion vs dask.distributed vs Ray; results in benchmarks/results
-	$(BENCH_VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
+	$(BENCH_RUN) benchmarks.run $(BENCH_ARGS)
 
 bench-quick: $(BENCH_STAMP)
-	$(BENCH_VENV)/bin/python -m benchmarks.run --quick $(BENCH_ARGS)
+	$(BENCH_RUN) benchmarks.run --quick $(BENCH_ARGS)
 
 profile: $(BENCH_STAMP)  ## py-spy / pyinstrument profiles of apportion's processes
-	$(BENCH_VENV)/bin/python -m benchmarks.profile
+	$(BENCH_RUN) benchmarks.profile
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(COMPILED_VENV) build *.egg-info .pytest_cache .ruff_cache

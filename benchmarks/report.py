@@ -117,7 +117,17 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     if machine := floor.describe(meta.get("floor")):
         lines += ["", machine]
+    if scheduler := _scheduler(meta):
+        lines += ["", scheduler + "."]
     return "\n".join(lines) + "\n"
+
+
+def _scheduler(meta: dict[str, Any]) -> str:
+    """How apportion's scheduler ran ("" for results that did not record it)."""
+    compiled = meta.get("scheduler_compiled")
+    if compiled is None:
+        return ""
+    return "apportion's scheduler: " + ("compiled with mypyc" if compiled else "pure Python")
 
 
 def print_table(results: dict[str, Any]) -> None:
@@ -134,6 +144,7 @@ def print_table(results: dict[str, Any]) -> None:
             for line in (
                 f"load: {meta['uptime_start']}  →  {meta['uptime_end']}",
                 floor.describe(meta.get("floor")),
+                _scheduler(meta),
             )
             if line
         ),

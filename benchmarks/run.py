@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "versions": _versions(systems),
+        "scheduler_compiled": _scheduler_compiled(),
         # The lead may commit engine changes during a run: both ends are recorded.
         "engine": engine_start,
         "engine_end": _engine_revision(),
@@ -219,6 +220,16 @@ def _engine_revision() -> str:
 
     dirty = git("status", "--porcelain", "--", "apportion", "scheduler", "worker")
     return git("rev-parse", "--short", "HEAD") + (" + uncommitted engine edits" if dirty else "")
+
+
+def _scheduler_compiled() -> bool | None:
+    """Whether apportion's scheduler runs mypyc-compiled (setup.py) in processes started as
+    the measured ones are; None where apportion cannot be imported there."""
+    probe = "from apportion.build_info import scheduler_compiled; print(scheduler_compiled())"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=import_dir(), env=_env(), capture_output=True, text=True
+    ).stdout.strip()
+    return {"True": True, "False": False}.get(out)
 
 
 def _versions(systems: list[str]) -> dict[str, str]:
