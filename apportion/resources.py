@@ -73,6 +73,8 @@ def validate(resources: Mapping[Any, Any] | None, *, what: str = "demand") -> Re
 def to_shape(demand: Mapping[str, float] | None) -> Shape:
     if not demand:
         return EMPTY_SHAPE
+    if len(demand) == 1:  # the usual demand: one resource, nothing to sort
+        return tuple(demand.items())
     return tuple(sorted(demand.items()))
 
 
