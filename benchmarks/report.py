@@ -127,7 +127,10 @@ def _scheduler(meta: dict[str, Any]) -> str:
     compiled = meta.get("scheduler_compiled")
     if compiled is None:
         return ""
-    return "apportion's scheduler: " + ("compiled with mypyc" if compiled else "pure Python")
+    text = "apportion's scheduler: " + ("compiled with mypyc" if compiled else "pure Python")
+    if interpreter := meta.get("interpreter"):
+        text += f"; every system on Python {meta['python']} ({interpreter})"
+    return text
 
 
 def print_table(results: dict[str, Any]) -> None:

@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "floor": machine_floor,
         "python": platform.python_version(),
+        # Which interpreter every system ran on (see BENCH_PYTHON in the Makefile).
+        "interpreter": os.path.realpath(sys.executable),
         "platform": platform.platform(),
         "versions": _versions(systems),
         "scheduler_compiled": _scheduler_compiled(),
