@@ -141,7 +141,7 @@ class ReadyQueues:
     def __init__(self) -> None:
         self.by_shape: dict[Shape, _ShapeQueue] = {}
         # Bumped whenever a shape's queue comes or goes: each worker's menu (the queues of
-        # the shapes it fits, see _menu) is rebuilt when it was made for another version.
+        # the shapes it fits, see pop_for) is rebuilt when it was made for another version.
         self.version = 0
 
     def push(self, ts: TaskState) -> None:

@@ -61,6 +61,25 @@ def test_ready_queue_pops_by_priority_then_submission_across_shapes() -> None:
     assert order == ["b", "c", "a", "d"]
 
 
+def test_a_worker_sees_queues_that_appear_after_it_last_asked() -> None:
+    """Each worker's list of the queues it fits is cached: a shape queued for the first
+    time, a shape the worker newly fits, and a queue emptied and filled again all count."""
+    ws = worker("w", {"GPU": 2})
+    queues = ReadyQueues()
+    queues.push(queued("plain", seq=0))
+    assert queues.pop_for(ws).key == "plain"  # type: ignore[union-attr]
+    assert queues.pop_for(ws) is None  # the plain queue emptied and was dropped
+    gpu = queued("gpu", {"GPU": 1}, seq=1)
+    queues.push(gpu)
+    assert queues.pop_for(ws) is None  # not yet among the shapes it fits
+    ws.fitting_shapes.add(gpu.shape)
+    assert queues.pop_for(ws) is gpu
+    queues.push(queued("again", seq=2))
+    assert queues.pop_for(ws).key == "again"  # type: ignore[union-attr]
+    assert queues.pop_for(ws) is None
+    assert queues.by_shape == {}  # emptied queues go once a pop finds them empty
+
+
 def test_ready_queue_skips_shapes_the_worker_cannot_fit_now_or_ever() -> None:
     ws = worker("w", {"GPU": 1})
     queues = ReadyQueues()
