@@ -76,8 +76,7 @@ class SchedulerState(RetirementMixin):
             one = self._singletons.get(item)
             if one is None:
                 one = self._singletons[item] = frozenset((item,))
-                name = item.address if isinstance(item, WorkerState) else str(item)
-                self._named[one] = [name]
+                self._named[one] = [_name(item)]
             return one
         return members if item in members else members | {item}
 
@@ -524,7 +523,7 @@ class SchedulerState(RetirementMixin):
         }
         # Left out when empty or zero (the worker's defaults): most tasks have none of them.
         if ts.dependencies:
-            message["deps"] = {d.key: [w.address for w in d.who_has] for d in ts.dependencies}
+            message["deps"] = {d.key: self._names(d.who_has) for d in ts.dependencies}
         if shape:
             message["resources"] = dict(shape)
         if ts.priority:
@@ -655,7 +654,7 @@ class SchedulerState(RetirementMixin):
         named = self._named.get(members)
         if named is not None:
             return named
-        return [m.address if isinstance(m, WorkerState) else m for m in members]
+        return [_name(member) for member in members]
 
     def _finished_message(self, ts: TaskState, data: bytes | None) -> Message:
         message: Message = {
@@ -750,3 +749,8 @@ class SchedulerState(RetirementMixin):
             if ts.state == "memory" and not ts.who_has:
                 problems.append(f"task {ts.key} in memory nowhere")
         return problems + self._retirement_problems()
+
+
+def _name(member: Any) -> str:
+    """A client (its id) or a worker (its address) as messages name it."""
+    return member.address if isinstance(member, WorkerState) else str(member)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-
-import apportion.scheduler.state
 import pytest
 
+from apportion.build_info import scheduler_compiled
 from apportion.errors import KilledWorkerError, NoValidWorkerError
 from tests.unit.sim import FakeClock, Sim, task
 
@@ -549,7 +547,7 @@ def test_intermediate_result_is_freed_once_its_dependents_are_in_memory(sim: Sim
 
 
 @pytest.mark.skipif(
-    apportion.scheduler.state.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)),
+    scheduler_compiled(),
     reason="counts calls by replacing a method, which a compiled class does not allow",
 )
 def test_a_long_chain_released_as_it_runs_costs_the_same_at_every_step(sim: Sim) -> None:
