@@ -4,7 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-compiled lint format clean k8s-bin k8s-up test-k8s bench bench-quick profile
+.PHONY: demo test test-compiled lint format clean k8s-bin k8s-up test-k8s bench bench-quick profile \
+	system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,10 +16,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## the resources example on a local cluster
 	$(BIN)/apportion demo
 
-test: $(STAMP) k8s-bin  ## lint, the whole test suite (Kubernetes tests included), the compiled build
+test: $(STAMP) k8s-bin system-deps  ## lint, the whole test suite (Kubernetes tests included), the compiled build
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory test-compiled
+
+system-deps:  ## the system packages the tests need (tests/system-deps/*.sh); nothing when present
+	@for script in tests/system-deps/*.sh; do [ -e "$$script" ] || continue; bash "$$script" || exit 1; done
 
 k8s-bin:  ## build (or reuse) the test Kubernetes binaries: 6-14 min cold, instant when cached
 	bash tests/k8s/build.sh
