@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-compiled lint format clean k8s-bin k8s-up test-k8s bench bench-quick profile \
-	system-deps
+	system-deps typecheck
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ k8s-up: $(STAMP) k8s-bin  ## a local Kubernetes cluster with fake GPU nodes, unt
 
 test-k8s: $(STAMP) k8s-bin  ## only the Kubernetes tests
 	$(BIN)/python -m pytest -m k8s tests/k8s
+
+typecheck: $(STAMP)  ## mypy over the whole package, laid out as it is imported
+	MYPY=$(BIN)/mypy tools/typecheck.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

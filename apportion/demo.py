@@ -20,7 +20,7 @@ from rich.table import Table
 from apportion import Client, LocalCluster, get_worker
 from apportion.resources import format_resources
 
-WORKERS = [
+WORKERS: list[dict[str, Any]] = [
     {"name": "gpu-node-1", "nthreads": 4, "resources": {"GPU": 2}},
     {"name": "gpu-node-2", "nthreads": 4, "resources": {"GPU": 2}},
     {"name": "highmem", "nthreads": 2, "resources": {"MEMORY": 100e9}},

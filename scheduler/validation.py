@@ -24,7 +24,7 @@ def _is_int(value: Any) -> bool:
 
 
 def check_keys(message: Message) -> list[str]:
-    keys = message.get("keys")
+    keys: Any = message.get("keys")
     _expect(
         isinstance(keys, list) and all(isinstance(k, str) for k in keys),
         f"{message['op']!r} needs 'keys': a list of strings",
@@ -33,7 +33,7 @@ def check_keys(message: Message) -> list[str]:
 
 
 def check_submit(message: Message) -> list[Message]:
-    tasks = message.get("tasks")
+    tasks: Any = message.get("tasks")
     _expect(isinstance(tasks, list), "'submit' needs 'tasks': a list of task maps")
     seen: set[str] = set()
     for task in tasks:
@@ -84,19 +84,19 @@ def check_run_id(message: Message) -> None:
 
 
 def check_key(message: Message) -> str:
-    key = message.get("key")
+    key: Any = message.get("key")
     _expect(isinstance(key, str), f"{message['op']!r} needs 'key': a string")
     return key
 
 
 def check_retire(message: Message) -> tuple[list[str], int | None]:
     """``names``: worker names; ``count`` (optional): how many of them at most."""
-    names = message.get("names")
+    names: Any = message.get("names")
     _expect(
         isinstance(names, list) and all(isinstance(n, str) for n in names),
         "'retire' needs 'names': a list of worker names",
     )
-    count = message.get("count")
+    count: Any = message.get("count")
     _expect(
         count is None or (_is_int(count) and count >= 0),
         f"'retire' needs 'count' to be an int >= 0 (or absent for all named), got {count!r}",
