@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import logging
 import os
+import socket
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from apportion.scheduler.state import SchedulerState
@@ -40,7 +43,7 @@ DEFER_DELAY = 0.05
 class Scheduler:
     def __init__(
         self,
-        host: str = "127.0.0.1",
+        host: str = "",
         port: int = 8786,
         token: str | None = None,
         http_port: int | None = None,
@@ -69,12 +72,15 @@ class Scheduler:
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Scheduler:
-        port = await self.listener.listen_on(self.host, self.requested_port)
-        self.address = format_address(
-            self.host if self.host not in ("", "0.0.0.0") else _contact_host(), port
-        )
+        """Listen (``host`` "": on all interfaces) and serve; raises OSError naming the
+        port and the flag that chose it when a port cannot be had."""
+        with _naming_the_port(self.host, self.requested_port, "--port"):
+            port = await self.listener.listen_on(self.host, self.requested_port)
+        everywhere = self.host in ("", "0.0.0.0", "::")
+        self.address = format_address(_contact_host() if everywhere else self.host, port)
         if self.http_port is not None:
-            sockets = bind_sockets(self.http_port, address=self.host or None)
+            with _naming_the_port(self.host, self.http_port, "--http-port"):
+                sockets = bind_sockets(self.http_port, address=self.host or None)
             # Imported here: tornado.web adds ~35 ms to a start that does not serve HTTP.
             from apportion.scheduler.http_api import status_app
             from tornado.httpserver import HTTPServer
@@ -88,7 +94,15 @@ class Scheduler:
         ]
         for callback in self._periodic:
             callback.start()
-        logger.info("scheduler listening at %s", self.address)
+        if everywhere:
+            logger.info(
+                "scheduler listening on all interfaces, port %d; workers and clients on "
+                "other machines connect to %s (--host chooses the interface)",
+                port,
+                self.address,
+            )
+        else:
+            logger.info("scheduler listening at %s", self.address)
         return self
 
     async def close(self) -> None:
@@ -344,15 +358,33 @@ class _BroadcastRun:
         self.results: dict[str, dict[str, Any]] = {}
 
 
+@contextlib.contextmanager
+def _naming_the_port(host: str, port: int, flag: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        where = f"{host}:{port}" if host else f"port {port} on all interfaces"
+        raise OSError(
+            exc.errno, f"cannot listen on {where} ({flag}): {exc.strerror or exc}"
+        ) from None
+
+
 def _contact_host() -> str:
     """The address other machines can reach this one at, when listening on all interfaces."""
     return os.environ.get("APPORTION_CONTACT_HOST") or _guess_ip()
 
 
 def _guess_ip() -> str:
-    import socket
-
+    """The address of the interface that routes outward (no packet is sent), else the
+    host name's address."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        return socket.gethostbyname(socket.gethostname())
+        probe.connect(("203.0.113.1", 9))  # a documentation address: only the route matters
+        return str(probe.getsockname()[0])
     except OSError:
-        return "127.0.0.1"
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+    finally:
+        probe.close()
