@@ -15,6 +15,7 @@ import click
 from apportion import config
 from apportion.auth import connecting_token, default_token_file, scheduler_token
 from apportion.backoff import RestartBackoff
+from apportion.errors import ConfigError
 from apportion.process import (
     EXIT_STARTUP_FAILED,
     after_exit,
@@ -51,6 +52,19 @@ def _apply_tls(cert: str | None, key: str | None, ca_file: str | None) -> None:
 @click.version_option(package_name="apportion")
 def main() -> None:
     """Resource-aware distributed task scheduling."""
+    try:
+        config.check()
+    except ConfigError as exc:
+        click.echo(f"apportion: {exc}", err=True)
+        sys.exit(EXIT_STARTUP_FAILED)
+
+
+@main.command()
+def settings() -> None:
+    """Print every configuration key with its type, default and meaning (Markdown)."""
+    from apportion.config_schema import markdown_table
+
+    click.echo(markdown_table())
 
 
 @main.command()
@@ -101,6 +115,8 @@ def scheduler(
 
     tune_garbage_collector()
 
+    if http_port is None:
+        http_port = config.get("scheduler.http-port")
     server = Scheduler(host, port, token=token, http_port=http_port)
     serve(
         start=server.start,
