@@ -66,6 +66,8 @@ class Scheduler:
         # HTTP retire requests waiting for their answer, by the requester name the state uses.
         self._retire_replies: dict[str, asyncio.Future[Message]] = {}
         self._retire_ids = itertools.count(1)
+        # Client retire requests (client, id) whose retired workers are then told to close.
+        self._close_when_retired: set[tuple[str, Any]] = set()
         self._periodic: list[PeriodicCallback] = []
         self._http: HTTPServer | None = None
         self.stopped = asyncio.Event()
@@ -219,6 +221,7 @@ class Scheduler:
                 pass
         finally:
             self.comms.pop(client, None)
+            self._close_when_retired = {r for r in self._close_when_retired if r[0] != client}
             comm.close()
             self.state.remove_client(client)
             self._flush()
@@ -241,6 +244,8 @@ class Scheduler:
             self._start_broadcast(client, message)
         elif op == "retire":
             names, count = check_retire(message)
+            if message.get("close"):
+                self._close_when_retired.add((client, message["id"]))
             try:
                 self.state.retire_workers(client, message["id"], names, count)
             except ValueError as exc:  # unknown names: the caller's mistake, not the protocol's
@@ -260,6 +265,8 @@ class Scheduler:
             reply = self._retire_replies.pop(dest, None)
             if reply is not None and not reply.done():
                 reply.set_result(messages[-1])
+            if self._close_when_retired:
+                self._close_retired(dest, messages)
             comm = self.comms.get(dest)
             if comm is None or comm.closed:
                 continue
@@ -273,6 +280,20 @@ class Scheduler:
             else:
                 # Clients hear of results read from several workers: one frame per tick.
                 comm.send_many(messages)
+
+    def _close_retired(self, client: str, messages: list[Message]) -> None:
+        """Tell the workers a client retired (with ``close``) to close: they are empty."""
+        for message in messages:
+            if message["op"] != "retire-reply":
+                continue
+            if (client, message["id"]) not in self._close_when_retired:
+                continue
+            self._close_when_retired.discard((client, message["id"]))
+            retired = set(message.get("retired", ()))
+            for ws in list(self.state.workers.values()):
+                comm = self.comms.get(ws.address)
+                if ws.name in retired and comm is not None and not comm.closed:
+                    comm.send({"op": "close", "reason": "retired"})
 
     # ------------------------------------------------------ client.run broadcast
     def _start_broadcast(self, client: str, message: Message) -> None:
