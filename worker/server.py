@@ -287,6 +287,8 @@ class Worker:
                 background(self._on_run(message))
             elif op == "acquire-data":
                 background(self._acquire(message["key"], message["who_has"]))
+            elif op == "close":  # retired, its results copied elsewhere: the process ends
+                background(self.close(str(message.get("reason", "told to close"))))
             else:
                 logger.warning("ignoring unknown scheduler operation %r", op)
 
