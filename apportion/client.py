@@ -524,8 +524,7 @@ class Client:
             if message["resources"]
             else f"{len(message['keys'])} task(s) wait: {message['why']}"
         )
-        logger.warning(text)
-        warnings.warn(text, NoWorkerWarning, stacklevel=1)
+        warnings.warn(text, NoWorkerWarning, stacklevel=1)  # once: a filter silences it all
 
     def _on_lost(self, reason: str) -> None:
         if self._closed:
