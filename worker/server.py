@@ -210,12 +210,12 @@ class Worker:
             await asyncio.sleep(delay)  # back-off between connection attempts
             delay = min(delay * 2, 2.0)
         logger.info(
-            "worker %s at %s connected to %s with %s and %d threads",
-            self.name,
-            self.address,
+            "worker %s connected to %s with %s and %d thread%s",
+            self.name if self.name == self.address else f"{self.name} at {self.address}",
             self.scheduler_address,
-            format_resources(self.resources),
+            format_resources(self.resources) if self.resources else "no resources",
             self.nthreads,
+            "" if self.nthreads == 1 else "s",
         )
 
     async def close(self, reason: str = "closing") -> None:
