@@ -71,3 +71,10 @@ def test_the_worker_connected_line_reads_well_without_resources_or_name() -> Non
         assert len(re.findall(r"tcp://127\.0\.0\.1:\d+", line)) == 2, line
         line = _connected_line(["--name", "gpu-a", "--resources", "GPU=2"], cluster)
         assert re.search(r"worker gpu-a at tcp://\S+ connected to tcp://\S+ with GPU=2", line), line
+
+
+def test_local_cluster_repr_lists_only_running_workers() -> None:
+    with LocalCluster(workers=[{"name": "a"}, {"name": "b", "resources": {"GPU": 1}}]) as cluster:
+        assert "a(-)" in repr(cluster) and "b(GPU=1)" in repr(cluster)
+        cluster.kill_worker("a")
+        assert "a(" not in repr(cluster) and "b(GPU=1)" in repr(cluster)
