@@ -41,6 +41,22 @@ def _tls_options(func):  # type: ignore[no-untyped-def]
     return func
 
 
+def _token_options(what: str, default_file: str, no_auth: str):  # type: ignore[no-untyped-def]
+    """--token-file and --no-auth, shared by scheduler and worker."""
+
+    def decorate(func):  # type: ignore[no-untyped-def]
+        func = click.option("--no-auth", is_flag=True, help=no_auth)(func)
+        return click.option(
+            "--token-file",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help=f"{what} Default: $APPORTION_TOKEN, else the file $APPORTION_TOKEN_FILE "
+            f"names, else {default_token_file()} {default_file}.",
+        )(func)
+
+    return decorate
+
+
 def _apply_tls(cert: str | None, key: str | None, ca_file: str | None) -> None:
     if cert and not key:
         raise click.UsageError("--tls-cert needs --tls-key")
@@ -82,15 +98,11 @@ def settings() -> None:
     help="Serve /health (open), /api/v1/info and /api/v1/retire (token needed) over HTTP "
     "on this port.",
 )
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="File holding the shared token; created with a new random token (mode 0600) if "
-    "missing. Default: $APPORTION_TOKEN, else the file $APPORTION_TOKEN_FILE names, else "
-    f"{default_token_file()} (created if missing).",
+@_token_options(
+    "File holding the shared token; created with a new random token (mode 0600) if missing.",
+    "(created if missing)",
+    "Accept connections without a token.",
 )
-@click.option("--no-auth", is_flag=True, help="Accept connections without a token.")
 @_tls_options
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 def scheduler(
@@ -151,15 +163,11 @@ async def _stop_scheduler(server: object, reason: str) -> None:
 @click.option("--port", type=int, default=0, help="Port for peers (0: any free port).")
 @click.option("--contact-host", default=None, help="Address others should reach this worker at.")
 @click.option("--memory-limit", type=int, default=None, help="Bytes, advertised to the scheduler.")
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="File holding the scheduler's token (never created here). Default: "
-    "$APPORTION_TOKEN, else the file $APPORTION_TOKEN_FILE names, else "
-    f"{default_token_file()} if it exists.",
+@_token_options(
+    "File holding the scheduler's token (never created here).",
+    "if it exists",
+    "Connect without a token.",
 )
-@click.option("--no-auth", is_flag=True, help="Connect without a token.")
 @_tls_options
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 def worker(

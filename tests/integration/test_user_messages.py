@@ -78,3 +78,22 @@ def test_local_cluster_repr_lists_only_running_workers() -> None:
         assert "a(-)" in repr(cluster) and "b(GPU=1)" in repr(cluster)
         cluster.kill_worker("a")
         assert "a(" not in repr(cluster) and "b(GPU=1)" in repr(cluster)
+
+
+def test_token_file_help_says_where_the_token_comes_from() -> None:
+    from click.testing import CliRunner
+
+    from apportion.auth import default_token_file
+    from apportion.cli import main
+
+    def help_of(command: str) -> str:
+        text = CliRunner().invoke(main, [command, "--help"], terminal_width=1000).output
+        (line,) = [x for x in text.splitlines() if "--token-file" in x]
+        return " ".join(line.split())
+
+    worker = help_of("worker")
+    scheduler = help_of("scheduler")
+    for text in (worker, scheduler):
+        assert "$APPORTION_TOKEN" in text and str(default_token_file()) in text, text
+    assert "created with a new random token" in scheduler and "if missing" in scheduler
+    assert "never created" in worker

@@ -21,14 +21,19 @@ def test_the_token_matches_itself_even_outside_ascii() -> None:
     assert tokens_match("tökén", "tökén")
 
 
+def _read_with_mode(mode: int, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> Path:
+    path = tmp_path / "token"
+    path.write_text("s3cret\n")
+    os.chmod(path, mode)
+    with caplog.at_level(logging.WARNING, logger="apportion.auth"):
+        assert read_token_file(str(path)) == "s3cret"
+    return path
+
+
 def test_a_token_file_others_can_read_is_accepted_with_a_warning_naming_the_fix(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / "token"
-    path.write_text("s3cret\n")
-    os.chmod(path, 0o644)
-    with caplog.at_level(logging.WARNING, logger="apportion.auth"):
-        assert read_token_file(str(path)) == "s3cret"
+    path = _read_with_mode(0o644, tmp_path, caplog)
     (record,) = [r for r in caplog.records if r.name == "apportion.auth"]
     assert str(path) in record.getMessage()
     assert f"chmod 600 {path}" in record.getMessage()
@@ -38,11 +43,7 @@ def test_a_token_file_others_can_read_is_accepted_with_a_warning_naming_the_fix(
 def test_a_private_token_file_is_read_silently(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / "token"
-    path.write_text("s3cret\n")
-    os.chmod(path, 0o600)
-    with caplog.at_level(logging.WARNING, logger="apportion.auth"):
-        assert read_token_file(str(path)) == "s3cret"
+    _read_with_mode(0o600, tmp_path, caplog)
     assert not [r for r in caplog.records if r.name == "apportion.auth"]
 
 
