@@ -88,7 +88,7 @@ def test_token_file_help_says_where_the_token_comes_from() -> None:
 
     def help_of(command: str) -> str:
         text = CliRunner().invoke(main, [command, "--help"], terminal_width=1000).output
-        (line,) = [x for x in text.splitlines() if "--token-file" in x]
+        (line,) = [x for x in text.splitlines() if x.strip().startswith("--token-file")]
         return " ".join(line.split())
 
     worker = help_of("worker")
