@@ -7,9 +7,7 @@ generated from it (``apportion settings`` prints it), and a test keeps the two e
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from apportion.errors import ConfigError
@@ -17,14 +15,28 @@ from apportion.errors import ConfigError
 Kind = Literal["number", "integer", "boolean", "string"]
 
 
-@dataclass(frozen=True)
 class Setting:
-    key: str
-    kind: Kind
-    default: Any
-    meaning: str
-    optional: bool = False  # None is a valid value too
-    choices: tuple[str, ...] = ()
+    """One key: its type (``kind``, and ``choices`` for a closed set of strings), its
+    default, whether None is valid too (``optional``), and what it means."""
+
+    # A plain class: every process imports this table, and a dataclass costs more to build.
+    __slots__ = ("choices", "default", "key", "kind", "meaning", "optional")
+
+    def __init__(
+        self,
+        key: str,
+        kind: Kind,
+        default: Any,
+        meaning: str,
+        optional: bool = False,
+        choices: tuple[str, ...] = (),
+    ) -> None:
+        self.key = key
+        self.kind = kind
+        self.default = default
+        self.meaning = meaning
+        self.optional = optional
+        self.choices = choices
 
     def describe_type(self, article: bool = False) -> str:
         if self.choices:
@@ -240,6 +252,8 @@ def _is_kind(value: Any, kind: Kind) -> bool:
 
 
 def unknown_key(key: str, source: str) -> ConfigError:
+    import difflib  # here: only a mistake pays for importing it
+
     last = key.rsplit(".", 1)[-1]
     known = [*BY_KEY, *(f"{k}.{last}" for k in OPEN_MAPPINGS)]
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)

@@ -35,7 +35,9 @@ class FrameReader:
         self.frames: deque[Payload] = deque()
         self.waiting_bytes = 0  # the size of the payloads in ``frames``
         self._handshake_limit = handshake_limit
-        self._trust_after_first_frame = trust_after_first_frame
+        self._trust_after_first_frame = trust_after_first_frame and handshake_limit is not None
+        # What the next frame header is checked against.
+        self._limit = max_frame if handshake_limit is None else handshake_limit
         self._partial = bytearray()  # the start of a frame not yet whole
         self._large: bytearray | None = None  # a large frame being filled
         self._large_length = 0  # what its header announced
@@ -47,6 +49,8 @@ class FrameReader:
     def trust(self) -> None:
         """The peer authenticated: frames up to ``max_frame`` are accepted from now on."""
         self._handshake_limit = None
+        self._trust_after_first_frame = False
+        self._limit = self.max_frame
 
     def drop_incomplete(self) -> None:
         """Drop the frame not yet whole (the stream ended or failed: it never will be);
@@ -82,8 +86,7 @@ class FrameReader:
         """Queue the whole frames at the start of ``view``; keep the rest for later."""
         start, size = 0, len(view)
         while size - start >= HEADER_BYTES:
-            limit = self.max_frame if self._handshake_limit is None else self._handshake_limit
-            length = frame_length(view[start : start + HEADER_BYTES], limit)
+            length = frame_length(view[start : start + HEADER_BYTES], self._limit)
             if self._trust_after_first_frame:
                 self.trust()
             end = start + HEADER_BYTES + length
