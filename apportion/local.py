@@ -8,6 +8,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +21,9 @@ from apportion import config
 from apportion.auth import TOKEN_ENV, generate_token
 from apportion.backoff import RestartBackoff
 from apportion.process import LOG_LEVEL_ENV, PARENT_PID_ENV, after_exit
+from apportion.protocol.comm import parse_address
+from apportion.protocol.frames import PROTOCOL_VERSION, ProtocolError, decode, encode
+from apportion.protocol.reader import FrameReader
 from apportion.resources import format_resources, validate
 
 logger = logging.getLogger("apportion.local")
@@ -222,7 +226,12 @@ class LocalCluster:
         return [self.workers[name] for name, _ in launched]
 
     def kill_worker(self, name: str, restart: bool = False) -> None:
-        """SIGKILL one worker process, as a crash would; ``restart`` lets the nanny revive it."""
+        """SIGKILL one worker process, as a crash would; ``restart`` lets the nanny revive it.
+
+        The scheduler treats it as a crash (its tasks rerun elsewhere, its results are
+        recomputed) but, told beforehand, logs it as planned rather than warning.
+        """
+        _tell_scheduler(self.scheduler_address, self.token, {"op": "expect-leave", "name": name})
         with self._lock:
             worker = self.workers[name] if restart else self.workers.pop(name)
             worker.supervised = restart
@@ -305,6 +314,29 @@ class LocalCluster:
             if w.process.poll() is None
         )
         return f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers: {parts}>"
+
+
+def _tell_scheduler(address: str, token: str, message: dict[str, Any]) -> None:
+    """Send one message as a short-lived client and wait for its reply (best effort: a
+    scheduler that cannot be reached this way just is not told)."""
+    if not address.startswith("tcp://"):
+        return  # TLS: not worth a handshake for a log line
+    hello = {"op": "hello", "role": "client", "protocol": PROTOCOL_VERSION, "token": token}
+    reader = FrameReader(1 << 20)
+    try:
+        with socket.create_connection(parse_address(address), timeout=10) as sock:
+            sock.sendall(encode([hello]) + encode([{**message, "id": 1}]))
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return
+                reader.feed(chunk)
+                while reader.frames:
+                    if any(m["op"].endswith("-reply") for m in decode(reader.pop())):
+                        sock.sendall(encode([{"op": "close"}]))
+                        return
+    except (OSError, ProtocolError) as exc:
+        logger.debug("could not tell the scheduler %r: %s", message, exc)
 
 
 def _terminate(scheduler: subprocess.Popen, workers: dict[str, subprocess.Popen]) -> None:

@@ -68,6 +68,9 @@ class Scheduler:
         self._retire_ids = itertools.count(1)
         # Client retire requests (client, id) whose retired workers are then told to close.
         self._close_when_retired: set[tuple[str, Any]] = set()
+        # Names of workers about to be stopped on purpose (LocalCluster.kill_worker): their
+        # end is logged as planned, not as a crash.
+        self._planned_leaves: set[str] = set()
         self._periodic: list[PeriodicCallback] = []
         self._http: HTTPServer | None = None
         self.stopped = asyncio.Event()
@@ -188,6 +191,9 @@ class Scheduler:
             reason = f"protocol error: {exc!r}"
             logger.warning("closing worker %s (%s): %s", name, address, reason)
         finally:
+            if name in self._planned_leaves:
+                self._planned_leaves.discard(name)
+                reason, expected = f"stopped on purpose ({reason})", True
             self.comms.pop(address, None)
             comm.close(reason)
             self.state.remove_worker(address, reason, expected)
@@ -250,6 +256,9 @@ class Scheduler:
                 self.state.retire_workers(client, message["id"], names, count)
             except ValueError as exc:  # unknown names: the caller's mistake, not the protocol's
                 comm.send({"op": "retire-reply", "id": message["id"], "error": str(exc)})
+        elif op == "expect-leave":
+            self._planned_leaves.add(str(message["name"]))
+            comm.send({"op": "expect-leave-reply", "id": message["id"]})
         elif op == "close":
             comm.close("client closed")
         else:

@@ -97,3 +97,25 @@ def test_token_file_help_says_where_the_token_comes_from() -> None:
         assert "$APPORTION_TOKEN" in text and str(default_token_file()) in text, text
     assert "created with a new random token" in scheduler and "if missing" in scheduler
     assert "never created" in worker
+
+
+def test_a_planned_kill_is_not_warned_about_but_a_crash_is(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    import os
+    import signal
+
+    workers = [{"name": "planned"}, {"name": "crashed"}, {"name": "stays"}]
+    with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
+
+        def names() -> set[str]:
+            return {w["name"] for w in client.scheduler_info()["workers"].values()}
+
+        cluster.kill_worker("planned")
+        wait_until(lambda: "planned" not in names(), what="planned gone")
+        os.kill(cluster.workers["crashed"].pid, signal.SIGKILL)
+        wait_until(lambda: "crashed" not in names(), what="crashed gone")
+        cluster.workers["crashed"].supervised = False
+    warnings_logged = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+    assert not [line for line in warnings_logged if "planned" in line], warnings_logged
+    assert [line for line in warnings_logged if "worker crashed" in line], warnings_logged
