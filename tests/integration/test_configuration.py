@@ -17,12 +17,14 @@ def test_config_set_beats_the_environment_in_local_cluster_processes(
 ) -> None:
     # The environment says wait (almost) forever; config.set, higher, says 0.5 s.
     monkeypatch.setenv("APPORTION_SCHEDULER__NO_WORKER_TIMEOUT", "3600")
-    config.refresh()
-    config.set({"scheduler.no-worker-timeout": 0.5})
-    with LocalCluster(n_workers=1) as cluster, Client(cluster) as client:
-        future = client.submit(sum, [1], resources={"GPU": 1})
-        with pytest.raises(NoValidWorkerError, match="GPU=1"):
-            future.result(timeout=60)
+    with config.set({}):  # on exit, this process's configuration is as it was
+        config.refresh()
+        config.set({"scheduler.no-worker-timeout": 0.5})
+        with LocalCluster(n_workers=1) as cluster, Client(cluster) as client:
+            future = client.submit(sum, [1], resources={"GPU": 1})
+            with pytest.raises(NoValidWorkerError, match="GPU=1"):
+                future.result(timeout=60)
+    assert config.get("scheduler.no-worker-timeout") is None
 
 
 def test_a_misspelt_environment_variable_stops_the_cli_with_the_closest_key() -> None:
