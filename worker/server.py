@@ -146,6 +146,8 @@ class Worker:
         self._heartbeat: PeriodicCallback | None = None
         # Bumped on every reconnection; runs from an earlier epoch report nothing.
         self.epoch = 0
+        # Why the worker stopped on its own, when it failed (no scheduler to return to).
+        self.failure: str | None = None
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Worker:
@@ -261,6 +263,7 @@ class Worker:
                 await self._connect()
             except OSError as exc:
                 logger.error("worker %s stopping: %s", self.name, exc)
+                self.failure = str(exc)
                 await self.close(str(exc))
 
     async def _read_scheduler(self, comm: Comm) -> str:
