@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import click
 
@@ -219,11 +220,17 @@ def worker(
     serve(
         start=server.start,
         stop=server.close,
-        finished=server.finished.wait,
+        finished=lambda: _worker_failure(server),
         ready=lambda w: {"address": w.address, "name": w.name},
         ready_fd=ready_fd,
         role="worker",
     )
+
+
+async def _worker_failure(server: Any) -> str | None:
+    """Once the worker has finished: why it failed, or None when it stopped on purpose."""
+    await server.finished.wait()
+    return server.failure  # type: ignore[no-any-return]
 
 
 def _supervise(nworkers: int, name: str | None) -> None:

@@ -99,7 +99,9 @@ def serve(
     """Start a server, announce it, run until signalled or finished, stop, exit.
 
     A start that fails prints ``apportion ROLE: cannot start: REASON`` on stderr, tells the
-    launcher the reason on ``ready_fd`` and exits with ``EXIT_STARTUP_FAILED``.
+    launcher the reason on ``ready_fd`` and exits with ``EXIT_STARTUP_FAILED``. When
+    ``finished`` returns a string, the server failed after starting: it is printed the same
+    way and the exit code is ``EXIT_CRASHED`` (worth a restart).
     """
     code = 0
 
@@ -124,7 +126,10 @@ def serve(
             watch = PeriodicCallback(lambda: _exit_if_orphaned(int(parent), stop), 500)
             watch.start()
         announce_ready(ready_fd, ready(server))
-        await finished()
+        failure = await finished()
+        if isinstance(failure, str):  # it stopped on its own, failing
+            print(f"apportion {role}: stopped: {failure}", file=sys.stderr)
+            code = EXIT_CRASHED
 
     try:
         aio.run(main())

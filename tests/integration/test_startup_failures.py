@@ -153,3 +153,28 @@ def test_local_cluster_processes_log_warnings_only_by_default(
         assert client.submit(sum, [1, 2]).result(timeout=30) == 3
     err = capfd.readouterr().err
     assert " INFO " not in err, err
+
+
+def test_a_worker_that_gives_up_on_a_lost_scheduler_exits_non_zero_saying_so() -> None:
+    cluster = LocalCluster(workers=[])
+    try:
+        worker = subprocess.Popen(
+            [*APPORTION, "worker", cluster.scheduler_address],
+            env={
+                **os.environ,
+                "APPORTION_TOKEN": cluster.token,
+                "APPORTION_LOG_LEVEL": "WARNING",
+                "APPORTION_WORKER__CONNECT_TIMEOUT": "1",
+            },
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        with Client(cluster) as client:
+            wait_until(lambda: client.scheduler_info()["workers"], what="the worker")
+    finally:
+        cluster.close()  # the scheduler goes away for good
+    _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 1, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("apportion worker: ")]
+    assert len(lines) == 1 and "stopped: no scheduler at" in lines[0], stderr
