@@ -107,7 +107,7 @@ SETTINGS: tuple[Setting, ...] = (
         "worker.nthreads",
         "integer",
         None,
-        "Task threads per worker when not given; None: one per CPU.",
+        "Task threads per worker when --nthreads is not given; None: one.",
         optional=True,
     ),
     Setting(
