@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import secrets
+import stat
 from pathlib import Path
 
 TOKEN_ENV = "APPORTION_TOKEN"
@@ -22,15 +24,41 @@ def generate_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+def tokens_match(offered: object, expected: str) -> bool:
+    """Whether ``offered`` is the token, in constant time; anything that is not a string
+    (or not even text) is simply a wrong token."""
+    if not isinstance(offered, str):
+        return False
+    # As bytes: compare_digest refuses str with characters outside ASCII.
+    return hmac.compare_digest(
+        offered.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+    )
+
+
 def read_token_file(path: str) -> str:
     try:
         with open(path) as handle:
             token = handle.read().strip()
-    except OSError as exc:
-        raise ValueError(f"cannot read token file {path!r}: {exc.strerror}") from None
+            mode = os.fstat(handle.fileno()).st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+        raise ValueError(f"cannot read token file {path!r}: {why}") from None
     if not token:
         raise ValueError(f"token file {path!r} is empty")
+    warn_if_readable_by_others(path, mode)
     return token
+
+
+def warn_if_readable_by_others(path: str, mode: int) -> None:
+    """Anyone who can read the token can run code on every worker: say so, with the fix."""
+    if stat.S_ISREG(mode) and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        logger.warning(
+            "token file %s can be read by other users (mode %s): anyone who reads it can "
+            "run code on this cluster; run: chmod 600 %s",
+            path,
+            oct(stat.S_IMODE(mode)),
+            path,
+        )
 
 
 def token_from_environment() -> str | None:

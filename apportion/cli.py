@@ -9,13 +9,21 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import click
 
 from apportion import config
-from apportion.auth import connecting_token, scheduler_token
+from apportion.auth import connecting_token, default_token_file, scheduler_token
 from apportion.backoff import RestartBackoff
-from apportion.process import serve, setup_logging
+from apportion.errors import ConfigError
+from apportion.process import (
+    EXIT_STARTUP_FAILED,
+    after_exit,
+    read_announcement,
+    serve,
+    setup_logging,
+)
 from apportion.resources import parse_spec
 
 logger = logging.getLogger("apportion.cli")
@@ -34,6 +42,22 @@ def _tls_options(func):  # type: ignore[no-untyped-def]
     return func
 
 
+def _token_options(what: str, default_file: str, no_auth: str):  # type: ignore[no-untyped-def]
+    """--token-file and --no-auth, shared by scheduler and worker."""
+
+    def decorate(func):  # type: ignore[no-untyped-def]
+        func = click.option("--no-auth", is_flag=True, help=no_auth)(func)
+        return click.option(
+            "--token-file",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help=f"{what} Default: $APPORTION_TOKEN, else the file $APPORTION_TOKEN_FILE "
+            f"names, else {default_token_file()} {default_file}.",
+        )(func)
+
+    return decorate
+
+
 def _apply_tls(cert: str | None, key: str | None, ca_file: str | None) -> None:
     if cert and not key:
         raise click.UsageError("--tls-cert needs --tls-key")
@@ -45,24 +69,41 @@ def _apply_tls(cert: str | None, key: str | None, ca_file: str | None) -> None:
 @click.version_option(package_name="apportion")
 def main() -> None:
     """Resource-aware distributed task scheduling."""
+    try:
+        config.check()
+    except ConfigError as exc:
+        click.echo(f"apportion: {exc}", err=True)
+        sys.exit(EXIT_STARTUP_FAILED)
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+def settings() -> None:
+    """Print every configuration key with its type, default and meaning (Markdown)."""
+    from apportion.config_schema import markdown_table
+
+    click.echo(markdown_table())
+
+
+@main.command()
+@click.option(
+    "--host",
+    default="",
+    help="Interface to listen on (default: all interfaces, so that other machines can "
+    "connect; 127.0.0.1: this machine only). The log names the address to give others.",
+)
 @click.option("--port", default=8786, show_default=True, type=int)
 @click.option(
     "--http-port",
     type=int,
     default=None,
-    help="Serve /health and /api/v1/info over HTTP on this port.",
+    help="Serve /health (open), /api/v1/info and /api/v1/retire (token needed) over HTTP "
+    "on this port.",
 )
-@click.option(
-    "--token-file",
-    type=click.Path(),
-    default=None,
-    help="File holding the shared token (default: $APPORTION_TOKEN).",
+@_token_options(
+    "File holding the shared token; created with a new random token (mode 0600) if missing.",
+    "(created if missing)",
+    "Accept connections without a token.",
 )
-@click.option("--no-auth", is_flag=True, help="Accept connections without a token.")
 @_tls_options
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 def scheduler(
@@ -87,6 +128,8 @@ def scheduler(
 
     tune_garbage_collector()
 
+    if http_port is None:
+        http_port = config.get("scheduler.http-port")
     server = Scheduler(host, port, token=token, http_port=http_port)
     serve(
         start=server.start,
@@ -94,6 +137,7 @@ def scheduler(
         finished=server.stopped.wait,
         ready=lambda s: {"address": s.address, "http_port": s.http_port},
         ready_fd=ready_fd,
+        role="scheduler",
     )
 
 
@@ -120,8 +164,11 @@ async def _stop_scheduler(server: object, reason: str) -> None:
 @click.option("--port", type=int, default=0, help="Port for peers (0: any free port).")
 @click.option("--contact-host", default=None, help="Address others should reach this worker at.")
 @click.option("--memory-limit", type=int, default=None, help="Bytes, advertised to the scheduler.")
-@click.option("--token-file", type=click.Path(), default=None)
-@click.option("--no-auth", is_flag=True, help="Connect without a token.")
+@_token_options(
+    "File holding the scheduler's token (never created here).",
+    "if it exists",
+    "Connect without a token.",
+)
 @_tls_options
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 def worker(
@@ -173,23 +220,47 @@ def worker(
     serve(
         start=server.start,
         stop=server.close,
-        finished=server.finished.wait,
+        finished=lambda: _worker_failure(server),
         ready=lambda w: {"address": w.address, "name": w.name},
         ready_fd=ready_fd,
+        role="worker",
     )
 
 
+async def _worker_failure(server: Any) -> str | None:
+    """Once the worker has finished: why it failed, or None when it stopped on purpose."""
+    await server.finished.wait()
+    return server.failure  # type: ignore[no-any-return]
+
+
 def _supervise(nworkers: int, name: str | None) -> None:
-    """Run ``nworkers`` copies of this command, one worker each; restart any that crash."""
-    args = sys.argv[1:]
+    """Run ``nworkers`` copies of this command, one worker each.
+
+    A worker that crashes (or is killed) is restarted, with back-off while it keeps
+    crashing; one that stops on purpose is not; one that cannot start (a wrong token, no
+    scheduler in time) stops them all, with its reason, since the others would fail alike.
+    """
+    args = _without_option(sys.argv[1:], "--ready-fd")
     child_args = _without_option(_without_option(args, "--nworkers"), "--name")
     base = name or os.uname().nodename
-    commands = [
-        [sys.executable, "-m", "apportion", *child_args, "--name", f"{base}-{i}"]
-        for i in range(nworkers)
-    ]
-    children = [subprocess.Popen(command) for command in commands]
+    names = [f"{base}-{i}" for i in range(nworkers)]
+    commands = [[sys.executable, "-m", "apportion", *child_args, "--name", n] for n in names]
     stopping = threading.Event()
+    children: list[subprocess.Popen[bytes]] = []
+    announcements: list[int] = []
+
+    def launch(i: int) -> None:
+        read_end, write_end = os.pipe()
+        child = subprocess.Popen(
+            [*commands[i], "--ready-fd", str(write_end)], pass_fds=(write_end,)
+        )
+        os.close(write_end)
+        if i < len(children):
+            os.close(announcements[i])
+            children[i], announcements[i] = child, read_end
+        else:
+            children.append(child)
+            announcements.append(read_end)
 
     def forward(signum: int, _frame: object) -> None:
         stopping.set()
@@ -197,32 +268,52 @@ def _supervise(nworkers: int, name: str | None) -> None:
             if child.poll() is None:
                 child.send_signal(signum)
 
+    setup_logging()
+    for i in range(nworkers):
+        launch(i)
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    setup_logging()
     backoffs = [RestartBackoff() for _ in children]
-    restart_at: list[float | None] = [None] * len(children)
+    restart_at: list[float | None] = [None] * nworkers
+    running = set(range(nworkers))
     for backoff in backoffs:
         backoff.started(time.monotonic())
-    while not stopping.wait(0.2):
-        for i, child in enumerate(children):
+    while running and not stopping.wait(0.2):
+        for i in sorted(running):
+            child = children[i]
             if child.poll() is None or stopping.is_set():
                 continue
             now = time.monotonic()
             if restart_at[i] is None:
+                decision = after_exit(child.returncode)
+                if decision == "done":
+                    logger.info("worker %s stopped", names[i])
+                    running.discard(i)
+                    continue
+                if decision == "stop":
+                    # It exited: its end of the pipe is closed, so this read returns.
+                    reason = read_announcement(announcements[i]).get("error", "see above")
+                    forward(signal.SIGTERM, None)
+                    for other in children:
+                        other.wait()
+                    click.echo(
+                        f"apportion worker: stopping all {nworkers} workers: worker "
+                        f"{names[i]} cannot start: {reason}",
+                        err=True,
+                    )
+                    sys.exit(EXIT_STARTUP_FAILED)
                 restart_at[i] = now + backoffs[i].delay(now)
                 logger.warning(
-                    "worker %s-%d exited with code %s; restarting it in %.1fs",
-                    base,
-                    i,
+                    "worker %s exited with code %s; restarting it in %.1fs",
+                    names[i],
                     child.returncode,
                     restart_at[i] - now,
                 )
             if now >= (restart_at[i] or now):
                 restart_at[i] = None
                 backoffs[i].started(now)
-                children[i] = subprocess.Popen(commands[i])
-    sys.exit(max(child.wait() for child in children))
+                launch(i)
+    sys.exit(max((child.wait() for child in children), default=0))
 
 
 def _without_option(args: list[str], option: str) -> list[str]:

@@ -395,14 +395,17 @@ class Client:
         """Ask the scheduler to verify its resource accounting; [] when consistent."""
         return list(self._request({"op": "info", "check": True})["problems"])
 
-    def retire_workers(self, names: Iterable[str], count: int | None = None) -> dict[str, Any]:
+    def retire_workers(
+        self, names: Iterable[str], count: int | None = None, close_workers: bool = True
+    ) -> dict[str, Any]:
         """Take up to ``count`` (default: all) of the named workers out of service, gracefully.
 
         Idle workers are chosen first. They get no new work; their running tasks finish
         and every result still needed that only they hold is copied to a worker staying
         in service. Returns ``{"retired": [names now safe to stop], "kept": {name:
         reason}}`` once that is done, or after ``scheduler.retire-timeout`` seconds; a
-        kept worker is back in service. Unknown names raise ValueError.
+        kept worker is back in service. Unknown names raise ValueError. The retired
+        workers then close (their processes exit), unless ``close_workers=False``.
         """
         if isinstance(names, str):
             raise TypeError(f"names must be a list of worker names, not one string {names!r}")
@@ -411,7 +414,8 @@ class Client:
             raise TypeError(f"worker names must be strings, got {names!r}")
         if count is not None and (type(count) is not int or count < 0):
             raise ValueError(f"count must be an int >= 0 or None (all named), got {count!r}")
-        reply = self._request({"op": "retire", "names": names, "count": count}, timeout=None)
+        request = {"op": "retire", "names": names, "count": count, "close": close_workers}
+        reply = self._request(request, timeout=None)
         if "error" in reply:
             raise ValueError(reply["error"])
         return {"retired": list(reply["retired"]), "kept": dict(reply["kept"])}
@@ -520,8 +524,7 @@ class Client:
             if message["resources"]
             else f"{len(message['keys'])} task(s) wait: {message['why']}"
         )
-        logger.warning(text)
-        warnings.warn(text, NoWorkerWarning, stacklevel=1)
+        warnings.warn(text, NoWorkerWarning, stacklevel=1)  # once: a filter silences it all
 
     def _on_lost(self, reason: str) -> None:
         if self._closed:

@@ -1,5 +1,10 @@
 """Configuration: defaults < YAML files < environment < ``config.set`` (< explicit arguments).
 
+Every key is declared in ``apportion.config_schema`` (type, default, meaning); an unknown
+key or a value of the wrong type, from any source, raises ConfigError naming the key, its
+source and the closest known key. The configuration is read on first use, so that a bad
+environment variable is reported where it matters, not at import.
+
 Keys are dotted paths (``"worker.resources.GPU"``). Environment variables use
 ``APPORTION_`` and double underscores between levels:
 ``APPORTION_WORKER__RESOURCES__GPU=2`` sets ``worker.resources.GPU`` to ``2``.
@@ -23,51 +28,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from apportion import config_schema
+
 ENV_PREFIX = "APPORTION_"
 # LocalCluster hands the spawning process's whole configuration to its children through this.
 INHERITED_ENV = "APPORTION_INTERNAL_INHERIT_CONFIG"
 _CASE_KEPT_UNDER = ("worker", "resources")
 
-DEFAULTS: dict[str, Any] = {
-    "scheduler": {
-        # Seconds a task may wait for a worker that could ever run it; None waits forever.
-        "no-worker-timeout": None,
-        # Tasks handed to a worker beyond its thread count, to hide the round trip.
-        "worker-prefetch": 1,
-        # A task that was running on this many dead workers is marked erred.
-        "allowed-failures": 3,
-        "worker-timeout": 30.0,
-        # Seconds a retire request waits for results to be copied off the retiring workers;
-        # workers not done by then stay in service.
-        "retire-timeout": 30.0,
-        "http-port": None,
-        # Check resource accounting after every batch of messages (slow; for tests).
-        "validate": False,
-    },
-    "worker": {
-        "resources": {},
-        "nthreads": None,
-        "heartbeat-interval": 1.0,
-        # How long a worker keeps trying to reach a scheduler that is not (yet) there.
-        "connect-timeout": 300.0,
-        # Results up to this many bytes travel with the completion message.
-        "inline-result-bytes": 64 * 1024,
-    },
-    "client": {
-        # Connect to the workers holding results, which then tell this client of results
-        # it waits for themselves: one hop fewer than through the scheduler.
-        "direct-results": True,
-    },
-    "comm": {
-        "max-frame-bytes": 1 << 30,
-        "connect-timeout": 10.0,
-        # "uvloop" (where installed; faster I/O and wake-ups) or "asyncio".
-        "event-loop": "uvloop",
-    },
-}
+DEFAULTS: dict[str, Any] = config_schema.defaults()
 
 _lock = threading.RLock()
 _config: dict[str, Any] = {}
+_loaded = False
 
 
 def _split(key: str) -> list[str]:
@@ -129,7 +101,9 @@ def _from_files(environ: Mapping[str, str]) -> dict[str, Any]:
         loaded = yaml.safe_load(path.read_text()) or {}
         if not isinstance(loaded, Mapping):
             raise ValueError(f"configuration file {path} must hold a mapping, not {loaded!r}")
-        _merge(out, _canonical_tree(loaded))
+        tree = _canonical_tree(loaded)
+        config_schema.check_tree(tree, f"file {path}")
+        _merge(out, tree)
     return out
 
 
@@ -147,25 +121,50 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     for name, raw in environ.items():
         if not name.startswith(ENV_PREFIX) or name == INHERITED_ENV or "__" not in name:
             continue
-        parts = [p for p in name[len(ENV_PREFIX) :].split("__") if p]
-        _merge(out, _nest(_canonical(parts), _parse_env_value(raw)))
+        path = _canonical([p for p in name[len(ENV_PREFIX) :].split("__") if p])
+        setting = config_schema.BY_KEY.get(".".join(path))
+        # A string setting takes the text as it is ("123" stays a string).
+        value = raw if setting and setting.kind == "string" else _parse_env_value(raw)
+        tree = _nest(path, value)
+        config_schema.check_tree(tree, f"environment variable {name}")
+        _merge(out, tree)
     return out
 
 
 def refresh(environ: Mapping[str, str] | None = None) -> None:
-    """Rebuild the configuration from defaults, files, inherited config and environment."""
+    """Rebuild the configuration from defaults, files, environment and inherited config.
+
+    The inherited configuration (LocalCluster's, for its processes) is the whole of the
+    parent's, environment and ``config.set`` included, so it comes last: what the parent
+    set wins over the environment in its children too, as it does in the parent.
+    """
+    global _loaded
     environ = os.environ if environ is None else environ
     fresh = copy.deepcopy(DEFAULTS)
     _merge(fresh, _from_files(environ))
+    _merge(fresh, _from_env(environ))
     if environ.get(INHERITED_ENV):
         _merge(fresh, json.loads(environ[INHERITED_ENV]))
-    _merge(fresh, _from_env(environ))
     with _lock:
         _config.clear()
         _config.update(fresh)
+        _loaded = True
+
+
+def _ensure_loaded() -> None:
+    if not _loaded:
+        with _lock:
+            if not _loaded:
+                refresh()
+
+
+def check() -> None:
+    """Read the configuration now; raises ConfigError for an unknown key or a bad value."""
+    _ensure_loaded()
 
 
 def get(key: str, default: Any = ...) -> Any:
+    _ensure_loaded()
     cursor: Any = _config
     for part in _split(key):
         if not isinstance(cursor, Mapping) or part not in cursor:
@@ -177,6 +176,7 @@ def get(key: str, default: Any = ...) -> Any:
 
 
 def snapshot() -> dict[str, Any]:
+    _ensure_loaded()
     with _lock:
         return copy.deepcopy(_config)
 
@@ -187,10 +187,14 @@ class set:
     def __init__(self, values: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         updates = dict(values or {})
         updates.update({k.replace("__", "."): v for k, v in kwargs.items()})
+        trees = [_nest(_split(key), value) for key, value in updates.items()]
+        for tree in trees:
+            config_schema.check_tree(tree, "config.set")
+        _ensure_loaded()
         with _lock:
             self._saved = copy.deepcopy(_config)
-            for key, value in updates.items():
-                _merge(_config, _nest(_split(key), value))
+            for tree in trees:
+                _merge(_config, tree)
 
     def __enter__(self) -> set:
         return self
@@ -199,6 +203,3 @@ class set:
         with _lock:
             _config.clear()
             _config.update(self._saved)
-
-
-refresh()

@@ -1,20 +1,33 @@
-"""Exceptions users may catch."""
+"""Exceptions users may catch.
+
+Every error apportion raises on purpose derives from ``ApportionError``, so one
+``except ApportionError`` catches them all; each also keeps the builtin base it always
+had (``NoValidWorkerError`` is still a ``RuntimeError``). Attributes carry the facts a
+program would branch on, so nobody has to parse the message.
+"""
 
 from __future__ import annotations
 
 from concurrent.futures import CancelledError, TimeoutError
 
 __all__ = [
+    "ApportionError",
     "CancelledError",
+    "ConfigError",
     "KilledWorkerError",
     "NoValidWorkerError",
     "RemoteTraceback",
     "SchedulerConnectionError",
+    "StartupError",
     "TimeoutError",
 ]
 
 
-class RemoteTraceback(Exception):
+class ApportionError(Exception):
+    """The base of every error apportion raises on purpose."""
+
+
+class RemoteTraceback(ApportionError):
     """Carries the traceback text of an exception raised on a worker (set as ``__cause__``)."""
 
     def __init__(self, text: str) -> None:
@@ -25,13 +38,38 @@ class RemoteTraceback(Exception):
         return f"\n\nTraceback on the worker:\n{self.text}"
 
 
-class NoValidWorkerError(RuntimeError):
+class NoValidWorkerError(ApportionError, RuntimeError):
     """No live worker could run a task's resource demand within the configured timeout."""
 
 
-class KilledWorkerError(RuntimeError):
+class KilledWorkerError(ApportionError, RuntimeError):
     """A task was running on too many workers that died; it is probably what kills them."""
 
 
-class SchedulerConnectionError(ConnectionError):
+class SchedulerConnectionError(ApportionError, ConnectionError):
     """The client lost its connection to the scheduler."""
+
+
+class ConfigError(ApportionError, ValueError):
+    """A configuration key that does not exist, or a value of the wrong type.
+
+    ``key`` is the key as given, ``suggestion`` the closest known key (or None),
+    ``source`` where it came from (``config.set``, a file, an environment variable).
+    """
+
+    def __init__(
+        self, message: str, key: str, suggestion: str | None = None, source: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.suggestion = suggestion
+        self.source = source
+
+
+class StartupError(ApportionError, RuntimeError):
+    """A server process could not start; ``permanent`` failures are not worth a restart
+    (a port in use, a refused token), unlike a crash."""
+
+    def __init__(self, message: str, permanent: bool = True) -> None:
+        super().__init__(message)
+        self.permanent = permanent

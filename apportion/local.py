@@ -8,6 +8,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +20,10 @@ from typing import Any
 from apportion import config
 from apportion.auth import TOKEN_ENV, generate_token
 from apportion.backoff import RestartBackoff
-from apportion.process import PARENT_PID_ENV
+from apportion.process import LOG_LEVEL_ENV, PARENT_PID_ENV, after_exit
+from apportion.protocol.comm import parse_address
+from apportion.protocol.frames import PROTOCOL_VERSION, ProtocolError, decode, encode
+from apportion.protocol.reader import FrameReader
 from apportion.resources import format_resources, validate
 
 logger = logging.getLogger("apportion.local")
@@ -30,6 +34,7 @@ class WorkerProcess:
     name: str
     process: subprocess.Popen
     args: list[str]
+    resources: dict[str, float] = field(default_factory=dict)
     address: str = ""
     restarts: int = 0
     # False for workers killed or closed on purpose, which must stay dead.
@@ -48,6 +53,9 @@ class LocalCluster:
     >>> LocalCluster(n_workers=2, threads_per_worker=1, resources={"GPU": 1})
     >>> LocalCluster(workers=[{"name": "gpu-a", "nthreads": 4, "resources": {"GPU": 2}},
     ...                       {"name": "bigmem", "resources": {"MEMORY": 100e9}}])
+
+    Its processes log to this process's stderr at ``log_level`` (default: WARNING, or
+    ``$APPORTION_LOG_LEVEL`` when set), so that a program's output is its own.
     """
 
     def __init__(
@@ -61,6 +69,7 @@ class LocalCluster:
         http_port: int | None = None,
         token: str | None = None,
         timeout: float = 60.0,
+        log_level: str | None = None,
     ) -> None:
         if workers is not None and n_workers is not None:
             raise ValueError(
@@ -69,6 +78,7 @@ class LocalCluster:
         self.host = host
         self.timeout = timeout
         self.token = token or generate_token()
+        self.log_level = (log_level or os.environ.get(LOG_LEVEL_ENV) or "WARNING").upper()
         defaults = {**(config.get("worker.resources", {}) or {}), **(resources or {})}
         if workers is None:
             count = n_workers if n_workers is not None else min(4, os.cpu_count() or 1)
@@ -127,6 +137,7 @@ class LocalCluster:
         env = dict(os.environ)
         env[TOKEN_ENV] = self.token
         env[PARENT_PID_ENV] = str(os.getpid())
+        env[LOG_LEVEL_ENV] = self.log_level
         # Settings made with apportion.config.set in this process apply to the workers too.
         env[config.INHERITED_ENV] = json.dumps(config.snapshot(), default=str)
         return env
@@ -167,9 +178,12 @@ class LocalCluster:
                         )
                     buffers[fd] += chunk
                     if buffers[fd].endswith(b"\n"):
-                        ready[name] = json.loads(buffers[fd])
+                        details = json.loads(buffers[fd])
                         del pending[fd]
                         os.close(fd)
+                        if "error" in details:
+                            raise RuntimeError(f"{name} could not start: {details['error']}")
+                        ready[name] = details
         finally:
             for fd in pending:
                 os.close(fd)
@@ -202,7 +216,9 @@ class LocalCluster:
                     ]
                 process, fd = self._spawn(args)
                 launched.append((spec["name"], (process, fd)))
-                self.workers[spec["name"]] = WorkerProcess(spec["name"], process, args)
+                self.workers[spec["name"]] = WorkerProcess(
+                    spec["name"], process, args, spec["resources"]
+                )
                 self._children[spec["name"]] = process
         ready = self._await_ready(launched)
         for name, details in ready.items():
@@ -210,7 +226,12 @@ class LocalCluster:
         return [self.workers[name] for name, _ in launched]
 
     def kill_worker(self, name: str, restart: bool = False) -> None:
-        """SIGKILL one worker process, as a crash would; ``restart`` lets the nanny revive it."""
+        """SIGKILL one worker process, as a crash would; ``restart`` lets the nanny revive it.
+
+        The scheduler treats it as a crash (its tasks rerun elsewhere, its results are
+        recomputed) but, told beforehand, logs it as planned rather than warning.
+        """
+        _tell_scheduler(self.scheduler_address, self.token, {"op": "expect-leave", "name": name})
         with self._lock:
             worker = self.workers[name] if restart else self.workers.pop(name)
             worker.supervised = restart
@@ -230,6 +251,17 @@ class LocalCluster:
                 if self._stopping.is_set():
                     return
                 now = time.monotonic()
+                decision = after_exit(worker.process.returncode)
+                if decision != "restart":
+                    # Stopped on purpose (retired, say), or it cannot start: leave it be.
+                    worker.supervised = False
+                    log = logger.info if decision == "done" else logger.error
+                    log(
+                        "worker %s exited with code %s; not restarting it",
+                        worker.name,
+                        worker.process.returncode,
+                    )
+                    continue
                 if worker.restart_at is None:
                     worker.restart_at = now + worker.backoff.delay(now)
                     logger.warning(
@@ -275,11 +307,36 @@ class LocalCluster:
         self.close()
 
     def __repr__(self) -> str:
+        """The workers running now (not those killed or closed)."""
         parts = ", ".join(
-            f"{n}({format_resources(s['resources'])})"
-            for n, s in ((s["name"], s) for s in self._specs)
+            f"{w.name}({format_resources(w.resources)})"
+            for w in list(getattr(self, "workers", {}).values())
+            if w.process.poll() is None
         )
         return f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers: {parts}>"
+
+
+def _tell_scheduler(address: str, token: str, message: dict[str, Any]) -> None:
+    """Send one message as a short-lived client and wait for its reply (best effort: a
+    scheduler that cannot be reached this way just is not told)."""
+    if not address.startswith("tcp://"):
+        return  # TLS: not worth a handshake for a log line
+    hello = {"op": "hello", "role": "client", "protocol": PROTOCOL_VERSION, "token": token}
+    reader = FrameReader(1 << 20)
+    try:
+        with socket.create_connection(parse_address(address), timeout=10) as sock:
+            sock.sendall(encode([hello]) + encode([{**message, "id": 1}]))
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return
+                reader.feed(chunk)
+                while reader.frames:
+                    if any(m["op"].endswith("-reply") for m in decode(reader.pop())):
+                        sock.sendall(encode([{"op": "close"}]))
+                        return
+    except (OSError, ProtocolError) as exc:
+        logger.debug("could not tell the scheduler %r: %s", message, exc)
 
 
 def _terminate(scheduler: subprocess.Popen, workers: dict[str, subprocess.Popen]) -> None:

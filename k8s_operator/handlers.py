@@ -86,7 +86,7 @@ def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     # One listing serves the scheduler lookup, this cluster's workers and the names in use.
     everything = kube.list_pods(namespace, {})
     scheduler_ip = _scheduler_ip(_matching(everything, selector(spec, "scheduler")))
-    info = kube.scheduler_info(scheduler_ip, spec.http_port) if scheduler_ip else None
+    info = kube.scheduler_info(scheduler_ip, spec.http_port, token) if scheduler_ip else None
     pods = _matching(everything, {LABEL_CLUSTER: name, "app.kubernetes.io/component": "worker"})
     connected = {w["name"] for w in (info or {}).get("workers", {}).values()}
     taken = {p["metadata"]["name"] for p in everything}

@@ -96,9 +96,11 @@ def read_token(namespace: str, secret: str, key: str) -> str | None:
 RETIRE_TIMEOUT = 45
 
 
-def scheduler_info(host: str, port: int) -> dict[str, Any] | None:
+def scheduler_info(host: str, port: int, token: str | None = None) -> dict[str, Any] | None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://{host}:{port}/api/v1/info", headers=headers)
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/api/v1/info", timeout=3) as reply:
+        with urllib.request.urlopen(request, timeout=3) as reply:
             return json.loads(reply.read())
     except (OSError, ValueError) as exc:
         logger.debug("scheduler at %s:%s not answering: %s", host, port, exc)

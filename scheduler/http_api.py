@@ -1,16 +1,16 @@
 """The scheduler's HTTP API: health, cluster info and graceful retirement.
 
 Served only when the scheduler is given an HTTP port (``--http-port``); the operator's
-probes and autoscaler use it.
+probes and autoscaler use it. Every route but ``/health`` needs the token (see http_auth).
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 from typing import TYPE_CHECKING, Any
 
 import tornado.web
+from apportion.scheduler.http_auth import AuthenticatedHandler
 from apportion.scheduler.validation import check_retire
 
 from apportion.protocol import Message, ProtocolError
@@ -20,31 +20,26 @@ if TYPE_CHECKING:
 
 
 def status_app(scheduler: Scheduler) -> tornado.web.Application:
-    """``GET /health``, ``GET /api/v1/info`` (read-only, open) and
-    ``POST /api/v1/retire`` (changes the cluster: needs ``Authorization: Bearer <token>``)."""
+    """``GET /health`` (open), ``GET /api/v1/info`` and ``POST /api/v1/retire`` (both need
+    ``Authorization: Bearer <token>``)."""
 
     class Health(tornado.web.RequestHandler):
         def get(self) -> None:
             self.write("ok")
 
-    class Info(tornado.web.RequestHandler):
+    class Info(AuthenticatedHandler):
         def get(self) -> None:
             info = scheduler.state.info()
             info["address"] = scheduler.address
             self.set_header("Content-Type", "application/json")
             self.write(json.dumps(info))
 
-    class Retire(tornado.web.RequestHandler):
+    class Retire(AuthenticatedHandler):
         """Body ``{"names": [worker names], "count": n}`` (``count`` optional: all named;
         ``workers`` is accepted for ``names``). Answers, once the chosen workers are settled,
         ``{"retired": [names safe to stop], "kept": {name: why it stays in service}}``."""
 
         async def post(self) -> None:
-            if scheduler.token is not None:
-                offered = self.request.headers.get("Authorization", "")
-                if not hmac.compare_digest(offered, f"Bearer {scheduler.token}"):
-                    self._answer(401, {"error": "a valid bearer token is required"})
-                    return
             try:
                 names, count = check_retire(retire_message(self.request.body))
                 answer = await scheduler.retire_workers(names, count)
@@ -59,7 +54,8 @@ def status_app(scheduler: Scheduler) -> tornado.web.Application:
             self.write(json.dumps(body))
 
     return tornado.web.Application(
-        [(r"/health", Health), (r"/api/v1/info", Info), (r"/api/v1/retire", Retire)]
+        [(r"/health", Health), (r"/api/v1/info", Info), (r"/api/v1/retire", Retire)],
+        token=scheduler.token,
     )
 
 

@@ -65,11 +65,14 @@ def pick_worker(
     return best
 
 
-def explain_no_worker(shape: Shape, workers: Iterable[WorkerState]) -> str:
-    """Say why no live worker could ever run a demand, naming the largest offers."""
+def explain_no_worker(shape: Shape, workers: Iterable[WorkerState], waiting: bool = True) -> str:
+    """Say why no live worker could ever run a demand, naming the largest offers (and,
+    while ``waiting``, that the task waits for one)."""
     workers = list(workers)
     demand = format_resources(dict(shape))
     if not workers:
+        if not waiting:
+            return "no workers are connected"
         if not shape:
             return "no workers are connected; tasks wait until one joins"
         return f"no workers are connected; the demand {demand} waits for one that has it"
@@ -79,10 +82,8 @@ def explain_no_worker(shape: Shape, workers: Iterable[WorkerState]) -> str:
         if largest < amount:
             offered = f"the most any worker has is {largest}" if largest else "no worker has any"
             parts.append(f"{name}={amount} needed, {offered}")
-    return (
-        f"no live worker has {demand} ({'; '.join(parts)}); the task waits until a worker "
-        "with these resources joins"
-    )
+    why = f"no live worker has {demand} ({'; '.join(parts)})"
+    return f"{why}; the task waits until a worker with these resources joins" if waiting else why
 
 
 class _ShapeQueue:

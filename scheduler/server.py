@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import logging
 import os
+import socket
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from apportion.scheduler.state import SchedulerState
@@ -40,7 +43,7 @@ DEFER_DELAY = 0.05
 class Scheduler:
     def __init__(
         self,
-        host: str = "127.0.0.1",
+        host: str = "",
         port: int = 8786,
         token: str | None = None,
         http_port: int | None = None,
@@ -63,18 +66,26 @@ class Scheduler:
         # HTTP retire requests waiting for their answer, by the requester name the state uses.
         self._retire_replies: dict[str, asyncio.Future[Message]] = {}
         self._retire_ids = itertools.count(1)
+        # Client retire requests (client, id) whose retired workers are then told to close.
+        self._close_when_retired: set[tuple[str, Any]] = set()
+        # Names of workers about to be stopped on purpose (LocalCluster.kill_worker): their
+        # end is logged as planned, not as a crash.
+        self._planned_leaves: set[str] = set()
         self._periodic: list[PeriodicCallback] = []
         self._http: HTTPServer | None = None
         self.stopped = asyncio.Event()
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Scheduler:
-        port = await self.listener.listen_on(self.host, self.requested_port)
-        self.address = format_address(
-            self.host if self.host not in ("", "0.0.0.0") else _contact_host(), port
-        )
+        """Listen (``host`` "": on all interfaces) and serve; raises OSError naming the
+        port and the flag that chose it when a port cannot be had."""
+        with _naming_the_port(self.host, self.requested_port, "--port"):
+            port = await self.listener.listen_on(self.host, self.requested_port)
+        everywhere = self.host in ("", "0.0.0.0", "::")
+        self.address = format_address(_contact_host() if everywhere else self.host, port)
         if self.http_port is not None:
-            sockets = bind_sockets(self.http_port, address=self.host or None)
+            with _naming_the_port(self.host, self.http_port, "--http-port"):
+                sockets = bind_sockets(self.http_port, address=self.host or None)
             # Imported here: tornado.web adds ~35 ms to a start that does not serve HTTP.
             from apportion.scheduler.http_api import status_app
             from tornado.httpserver import HTTPServer
@@ -88,7 +99,15 @@ class Scheduler:
         ]
         for callback in self._periodic:
             callback.start()
-        logger.info("scheduler listening at %s", self.address)
+        if everywhere:
+            logger.info(
+                "scheduler listening on all interfaces, port %d; workers and clients on "
+                "other machines connect to %s (--host chooses the interface)",
+                port,
+                self.address,
+            )
+        else:
+            logger.info("scheduler listening at %s", self.address)
         return self
 
     async def close(self) -> None:
@@ -172,6 +191,9 @@ class Scheduler:
             reason = f"protocol error: {exc!r}"
             logger.warning("closing worker %s (%s): %s", name, address, reason)
         finally:
+            if name in self._planned_leaves:
+                self._planned_leaves.discard(name)
+                reason, expected = f"stopped on purpose ({reason})", True
             self.comms.pop(address, None)
             comm.close(reason)
             self.state.remove_worker(address, reason, expected)
@@ -205,6 +227,7 @@ class Scheduler:
                 pass
         finally:
             self.comms.pop(client, None)
+            self._close_when_retired = {r for r in self._close_when_retired if r[0] != client}
             comm.close()
             self.state.remove_client(client)
             self._flush()
@@ -227,10 +250,15 @@ class Scheduler:
             self._start_broadcast(client, message)
         elif op == "retire":
             names, count = check_retire(message)
+            if message.get("close"):
+                self._close_when_retired.add((client, message["id"]))
             try:
                 self.state.retire_workers(client, message["id"], names, count)
             except ValueError as exc:  # unknown names: the caller's mistake, not the protocol's
                 comm.send({"op": "retire-reply", "id": message["id"], "error": str(exc)})
+        elif op == "expect-leave":
+            self._planned_leaves.add(str(message["name"]))
+            comm.send({"op": "expect-leave-reply", "id": message["id"]})
         elif op == "close":
             comm.close("client closed")
         else:
@@ -246,6 +274,8 @@ class Scheduler:
             reply = self._retire_replies.pop(dest, None)
             if reply is not None and not reply.done():
                 reply.set_result(messages[-1])
+            if self._close_when_retired:
+                self._close_retired(dest, messages)
             comm = self.comms.get(dest)
             if comm is None or comm.closed:
                 continue
@@ -259,6 +289,20 @@ class Scheduler:
             else:
                 # Clients hear of results read from several workers: one frame per tick.
                 comm.send_many(messages)
+
+    def _close_retired(self, client: str, messages: list[Message]) -> None:
+        """Tell the workers a client retired (with ``close``) to close: they are empty."""
+        for message in messages:
+            if message["op"] != "retire-reply":
+                continue
+            if (client, message["id"]) not in self._close_when_retired:
+                continue
+            self._close_when_retired.discard((client, message["id"]))
+            retired = set(message.get("retired", ()))
+            for ws in list(self.state.workers.values()):
+                comm = self.comms.get(ws.address)
+                if ws.name in retired and comm is not None and not comm.closed:
+                    comm.send({"op": "close", "reason": "retired"})
 
     # ------------------------------------------------------ client.run broadcast
     def _start_broadcast(self, client: str, message: Message) -> None:
@@ -344,15 +388,33 @@ class _BroadcastRun:
         self.results: dict[str, dict[str, Any]] = {}
 
 
+@contextlib.contextmanager
+def _naming_the_port(host: str, port: int, flag: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        where = f"{host}:{port}" if host else f"port {port} on all interfaces"
+        raise OSError(
+            exc.errno, f"cannot listen on {where} ({flag}): {exc.strerror or exc}"
+        ) from None
+
+
 def _contact_host() -> str:
     """The address other machines can reach this one at, when listening on all interfaces."""
     return os.environ.get("APPORTION_CONTACT_HOST") or _guess_ip()
 
 
 def _guess_ip() -> str:
-    import socket
-
+    """The address of the interface that routes outward (no packet is sent), else the
+    host name's address."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        return socket.gethostbyname(socket.gethostname())
+        probe.connect(("203.0.113.1", 9))  # a documentation address: only the route matters
+        return str(probe.getsockname()[0])
     except OSError:
-        return "127.0.0.1"
+        try:
+            return socket.gethostbyname(socket.gethostname())
+        except OSError:
+            return "127.0.0.1"
+    finally:
+        probe.close()

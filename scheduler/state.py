@@ -434,7 +434,8 @@ class SchedulerState(RetirementMixin):
                     NoValidWorkerError(
                         f"task {ts.key!r} needs {format_resources(dict(shape))} but waited "
                         f"{self.no_worker_timeout:g}s without any worker that could run it: "
-                        f"{explain_no_worker(shape, self.workers.values())}. Start a worker with "
+                        f"{explain_no_worker(shape, self.workers.values(), waiting=False)}. "
+                        "Start a worker with "
                         "these resources, or lower the task's demand"
                     ),
                 )

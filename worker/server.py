@@ -146,6 +146,8 @@ class Worker:
         self._heartbeat: PeriodicCallback | None = None
         # Bumped on every reconnection; runs from an earlier epoch report nothing.
         self.epoch = 0
+        # Why the worker stopped on its own, when it failed (no scheduler to return to).
+        self.failure: str | None = None
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Worker:
@@ -210,12 +212,12 @@ class Worker:
             await asyncio.sleep(delay)  # back-off between connection attempts
             delay = min(delay * 2, 2.0)
         logger.info(
-            "worker %s at %s connected to %s with %s and %d threads",
-            self.name,
-            self.address,
+            "worker %s connected to %s with %s and %d thread%s",
+            self.name if self.name == self.address else f"{self.name} at {self.address}",
             self.scheduler_address,
-            format_resources(self.resources),
+            format_resources(self.resources) if self.resources else "no resources",
             self.nthreads,
+            "" if self.nthreads == 1 else "s",
         )
 
     async def close(self, reason: str = "closing") -> None:
@@ -261,6 +263,7 @@ class Worker:
                 await self._connect()
             except OSError as exc:
                 logger.error("worker %s stopping: %s", self.name, exc)
+                self.failure = str(exc)
                 await self.close(str(exc))
 
     async def _read_scheduler(self, comm: Comm) -> str:
@@ -287,6 +290,8 @@ class Worker:
                 background(self._on_run(message))
             elif op == "acquire-data":
                 background(self._acquire(message["key"], message["who_has"]))
+            elif op == "close":  # retired, its results copied elsewhere: the process ends
+                background(self.close(str(message.get("reason", "told to close"))))
             else:
                 logger.warning("ignoring unknown scheduler operation %r", op)
 

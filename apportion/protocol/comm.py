@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import socket
@@ -21,6 +20,8 @@ from typing import Any, cast
 
 from apportion import config
 from apportion.aio import background
+from apportion.auth import tokens_match
+from apportion.errors import ApportionError
 from apportion.protocol import tls
 from apportion.protocol.frames import PROTOCOL_VERSION, Message, ProtocolError, decode, encode
 from apportion.protocol.reader import FrameReader
@@ -30,11 +31,14 @@ logger = logging.getLogger("apportion.comm")
 # Nothing but a small handshake is accepted from a peer before it has authenticated.
 HANDSHAKE_FRAME_LIMIT = 64 * 1024
 HANDSHAKE_TIMEOUT = 10.0
+# Connections the kernel completes while the loop is busy: a flood of connections must
+# not keep legitimate peers waiting in SYN retries (the system caps it at somaxconn).
+LISTEN_BACKLOG = 4096
 # Reading pauses while this much arrived unread (a peer outpacing its reader).
 READ_BACKLOG_BYTES = 32 * 1024 * 1024
 
 
-class CommClosedError(ConnectionError):
+class CommClosedError(ApportionError, ConnectionError):
     """The connection is closed (by us, the peer, or a protocol violation)."""
 
 
@@ -58,15 +62,16 @@ class Comm(asyncio.Protocol):
     """One framed, batched connection. Use from the event-loop thread only, except
     ``send_from_thread`` once ``allow_thread_writes`` was called.
 
-    ``first_frame_limit`` bounds the first frame (the handshake) more tightly than
-    ``max_frame`` bounds the rest: an unauthenticated peer gets no large buffer.
+    ``handshake_limit`` bounds what is buffered before the peer authenticated (see
+    FrameReader): for accepted connections until ``trust()``, for the connecting side
+    only the first frame (the server's welcome).
     """
 
     def __init__(
         self,
         peer: str,
         max_frame: int | None = None,
-        first_frame_limit: int | None = None,
+        handshake_limit: int | None = None,
         on_connected: Callable[[Comm], None] | None = None,
     ) -> None:
         self.peer = peer
@@ -79,7 +84,9 @@ class Comm(asyncio.Protocol):
         self._later_pending = False
         self._closed_reason: str | None = None
         # Reading: whole frames wait in the reader for read() or the serve() handler.
-        self._reader = FrameReader(self.max_frame, first_frame_limit)
+        self._reader = FrameReader(
+            self.max_frame, handshake_limit, trust_after_first_frame=on_connected is None
+        )
         # What ended the stream: a malformed frame, or an error from the frame handler.
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -119,6 +126,7 @@ class Comm(asyncio.Protocol):
             if self._closed_reason is None:
                 self._closed_reason = "peer closed the connection"
             self._close_thread_fd()
+        self._reader.drop_incomplete()
         self._wake()
         drained, self._drained = self._drained, None
         if drained is not None and not drained.done():
@@ -149,8 +157,15 @@ class Comm(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _fail(self, error: Exception) -> None:
-        self._error = error
+        # Without its traceback: the frames it names (this comm, the bytes that arrived)
+        # would stay alive as long as the error, until a full garbage collection.
+        self._error = error.with_traceback(None)
+        self._reader.drop_incomplete()
         self.close(str(error))
+
+    def trust(self) -> None:
+        """The peer authenticated: lift the handshake limit on what it may send."""
+        self._reader.trust()
 
     def _wake(self) -> None:
         """Frames arrived, or the stream ended: tell the reader."""
@@ -227,12 +242,13 @@ class Comm(asyncio.Protocol):
         if self._backlog:
             backlog, self._backlog = self._backlog, []
             handler(backlog)
-        self._ended = asyncio.get_running_loop().create_future()
+        # Held here: _wake() below may already end serving, dropping self._ended.
+        ended = self._ended = asyncio.get_running_loop().create_future()
         self._handler = handler
         self._wake()  # frames that came before, or an end that did
         try:
-            if self._closed_reason is None:
-                await self._ended
+            if self._closed_reason is None and self._error is None:
+                await ended
         finally:
             self._handler = None
         if self._error is not None:
@@ -411,7 +427,7 @@ async def connect(
     host, port = parse_address(address)
     timeout = float(config.get("comm.connect-timeout")) if timeout is None else timeout
     secure = address.startswith("tls://")
-    comm = Comm(address, first_frame_limit=HANDSHAKE_FRAME_LIMIT)
+    comm = Comm(address, handshake_limit=HANDSHAKE_FRAME_LIMIT)
     loop = asyncio.get_running_loop()
     try:
         await asyncio.wait_for(
@@ -465,9 +481,13 @@ class Listener:
 
         loop = asyncio.get_running_loop()
         context = tls.server_context()
-        sockets = bind_sockets(port, address=host or None, reuse_port=False)
+        sockets = bind_sockets(port, address=host or None, reuse_port=False, backlog=LISTEN_BACKLOG)
         for sock in sockets:
-            self._servers.append(await loop.create_server(self._new_comm, sock=sock, ssl=context))
+            self._servers.append(
+                await loop.create_server(
+                    self._new_comm, sock=sock, ssl=context, backlog=LISTEN_BACKLOG
+                )
+            )
         self.port = sockets[0].getsockname()[1]
         return self.port
 
@@ -475,7 +495,7 @@ class Listener:
         return Comm(
             "unknown",
             self.max_frame,
-            first_frame_limit=HANDSHAKE_FRAME_LIMIT,
+            handshake_limit=HANDSHAKE_FRAME_LIMIT,
             on_connected=self._on_connected,
         )
 
@@ -502,6 +522,7 @@ class Listener:
             logger.warning("refused connection from %s: %s", comm.peer, problem)
             await refuse(comm, problem)
             return
+        comm.trust()
         self.comms.add(comm)
         try:
             await self.handler(comm, hello)
@@ -519,7 +540,7 @@ class Listener:
             )
         if self.token is not None:
             offered = hello.get("token")
-            if not isinstance(offered, str) or not hmac.compare_digest(offered, self.token):
+            if not tokens_match(offered, self.token):
                 what = "no" if not offered else "a wrong"
                 return f"authentication failed: {what} token was presented"
         if hello.get("role") not in self.roles:

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgpack
 
+from apportion.errors import ApportionError
+
 HEADER = struct.Struct("<I")
 HEADER_BYTES = HEADER.size
 MAX_FRAME_LIMIT = (1 << 32) - 1
@@ -21,7 +23,7 @@ PROTOCOL_VERSION = 1
 Message = dict[str, Any]
 
 
-class ProtocolError(Exception):
+class ProtocolError(ApportionError):
     """A peer sent something that is not a valid apportion frame."""
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from apportion.protocol.frames import HEADER_BYTES, frame_length
+from apportion.protocol.frames import HEADER_BYTES, ProtocolError, frame_length
 
-# A frame this large is collected in a buffer of its own size, allocated once.
+# A frame this large is collected in a buffer of its own, grown as its bytes arrive.
 LARGE_FRAME_BYTES = 256 * 1024
 
 Payload = bytes | bytearray | memoryview
@@ -15,20 +15,48 @@ Payload = bytes | bytearray | memoryview
 class FrameReader:
     """Feed it bytes as they arrive; whole frame payloads come out of ``frames`` in order.
 
-    Each frame's announced length is checked before its bytes are kept: against
-    ``first_frame_limit`` for the first (the handshake: an unauthenticated peer gets no
-    large buffer) and ``max_frame`` for the rest. A frame over its limit raises
+    Until ``trust()`` is called (the peer authenticated), everything held (whole frames
+    and the start of the next) must fit in ``handshake_limit``: an unauthenticated peer
+    costs no more memory than that, whatever its headers announce. With
+    ``trust_after_first_frame`` the limit applies to the first frame only (a server's
+    welcome, read by the side that connected). Once trusted, each frame's announced length
+    is checked against ``max_frame``, and a large frame's buffer grows with the bytes that
+    actually arrive, not with the length its header announces. A violation raises
     ProtocolError, and the stream is unusable from then on.
     """
 
-    def __init__(self, max_frame: int, first_frame_limit: int | None = None) -> None:
+    def __init__(
+        self,
+        max_frame: int,
+        handshake_limit: int | None = None,
+        trust_after_first_frame: bool = False,
+    ) -> None:
         self.max_frame = max_frame
         self.frames: deque[Payload] = deque()
         self.waiting_bytes = 0  # the size of the payloads in ``frames``
-        self._limit = first_frame_limit or max_frame
+        self._handshake_limit = handshake_limit
+        self._trust_after_first_frame = trust_after_first_frame and handshake_limit is not None
+        # What the next frame header is checked against.
+        self._limit = max_frame if handshake_limit is None else handshake_limit
         self._partial = bytearray()  # the start of a frame not yet whole
         self._large: bytearray | None = None  # a large frame being filled
-        self._large_filled = 0
+        self._large_length = 0  # what its header announced
+
+    @property
+    def trusted(self) -> bool:
+        return self._handshake_limit is None
+
+    def trust(self) -> None:
+        """The peer authenticated: frames up to ``max_frame`` are accepted from now on."""
+        self._handshake_limit = None
+        self._trust_after_first_frame = False
+        self._limit = self.max_frame
+
+    def drop_incomplete(self) -> None:
+        """Drop the frame not yet whole (the stream ended or failed: it never will be);
+        whole frames stay to be read."""
+        self._partial = bytearray()
+        self._large = None
 
     def feed(self, data: bytes) -> None:
         if self._large is not None:
@@ -41,6 +69,13 @@ class FrameReader:
         else:
             self._partial += data
             self._cut(memoryview(bytes(self._partial)))
+        limit = self._handshake_limit
+        if limit is not None and self.waiting_bytes + len(self._partial) > limit:
+            self.drop_incomplete()
+            raise ProtocolError(
+                f"more than {limit} bytes sent before authentication: only a handshake "
+                "is accepted until then"
+            )
 
     def pop(self) -> Payload:
         payload = self.frames.popleft()
@@ -52,11 +87,13 @@ class FrameReader:
         start, size = 0, len(view)
         while size - start >= HEADER_BYTES:
             length = frame_length(view[start : start + HEADER_BYTES], self._limit)
-            self._limit = self.max_frame
+            if self._trust_after_first_frame:
+                self.trust()
             end = start + HEADER_BYTES + length
             if end > size:
                 if length >= LARGE_FRAME_BYTES:
-                    self._start_large(view[start + HEADER_BYTES :], length)
+                    self._large = bytearray(view[start + HEADER_BYTES :])
+                    self._large_length = length
                     start = size
                 break
             self._queue(view[start + HEADER_BYTES : end])
@@ -67,19 +104,13 @@ class FrameReader:
         self.frames.append(payload)
         self.waiting_bytes += len(payload)
 
-    def _start_large(self, have: memoryview, length: int) -> None:
-        self._large = bytearray(length)
-        self._large[: len(have)] = have
-        self._large_filled = len(have)
-
     def _fill_large(self, data: bytes) -> bytes:
-        """Copy into the large frame being filled; returns the bytes past its end."""
+        """Append to the large frame being filled; returns the bytes past its end."""
         large = self._large
         assert large is not None
-        take = min(len(large) - self._large_filled, len(data))
-        large[self._large_filled : self._large_filled + take] = data[:take]
-        self._large_filled += take
-        if self._large_filled == len(large):
+        take = min(self._large_length - len(large), len(data))
+        large += memoryview(data)[:take]
+        if len(large) == self._large_length:
             self._large = None
             self._queue(large)
         return data[take:]

@@ -181,7 +181,10 @@ def test_scheduler_http_status_reports_health_and_workers() -> None:
         base = f"http://127.0.0.1:{cluster.http_port}"
         with urllib.request.urlopen(f"{base}/health", timeout=10) as response:
             assert response.read() == b"ok"
-        with urllib.request.urlopen(f"{base}/api/v1/info", timeout=10) as response:
+        request = urllib.request.Request(
+            f"{base}/api/v1/info", headers={"Authorization": f"Bearer {cluster.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
             info = json.loads(response.read())
         assert info["address"] == cluster.scheduler_address
         (worker,) = info["workers"].values()

@@ -52,7 +52,7 @@ def test_a_result_only_on_a_retired_worker_survives_killing_it_and_is_not_recomp
     with LocalCluster(workers=TWO_WORKERS) as cluster, Client(cluster) as client:
         future = client.submit(unique_result, str(log), BIG, resources={"A": 1}, pure=False)
         wait_until(future.done, what="result in memory on a")
-        assert client.retire_workers(["a"]) == {"retired": ["a"], "kept": {}}
+        assert client.retire_workers(["a"], close_workers=False) == {"retired": ["a"], "kept": {}}
         workers = _workers(client)
         assert workers["a"]["retiring"] and workers["b"]["nbytes"] >= BIG
         cluster.kill_worker("a")
@@ -76,7 +76,7 @@ def test_retire_over_http_needs_the_token_names_unknown_workers_and_moves_data(
         future = client.submit(unique_result, str(log), BIG, resources={"A": 1}, pure=False)
         wait_until(future.done, what="result in memory on a")
         status, answer = _retire_over_http(cluster, {"names": ["a"]}, token=None)
-        assert (status, answer) == (401, {"error": "a valid bearer token is required"})
+        assert status == 401 and "a valid bearer token is required" in answer["error"]
         status, answer = _retire_over_http(cluster, {"names": ["a", "zz"]}, cluster.token)
         assert status == 400 and "['zz']" in answer["error"]
         status, answer = _retire_over_http(cluster, {"names": ["a"], "count": -1}, cluster.token)
@@ -129,4 +129,24 @@ def test_the_only_worker_holding_needed_data_is_kept_in_service(tmp_path: Path) 
         assert future.result(timeout=30)[0] == _executions(log)[0]
         with pytest.raises(ValueError, match=r"\['ghost'\]"):
             client.retire_workers(["solo", "ghost"])
+        assert client.check_invariants() == []
+
+
+def test_a_retired_worker_closes_and_is_not_restarted_unless_asked_to_stay() -> None:
+    workers = [{"name": n, "resources": {"A": 1}} for n in ("a", "b", "c")]
+    with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
+        future = client.submit(len, b"x" * 10, resources={"A": 1}, pure=False)
+        assert future.result(timeout=30) == 10
+        retired = client.retire_workers(["a", "b"], count=1)["retired"]
+        (name,) = retired
+        process = cluster.workers[name].process
+        assert process.wait(timeout=30) == 0, "a retired worker exits, on purpose"
+        wait_until(lambda: name not in _workers(client), what="the retired worker gone")
+        stays = client.retire_workers(["c"], close_workers=False)["retired"]
+        assert stays == ["c"]
+        assert _workers(client)["c"]["retiring"]
+        assert cluster.workers["c"].process.poll() is None
+        # The nanny leaves the closed worker alone; the cluster lists only what runs.
+        assert cluster.workers[name].process is process
+        assert f"{name}(" not in repr(cluster) and "c(" in repr(cluster)
         assert client.check_invariants() == []

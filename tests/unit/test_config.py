@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from apportion import config
+from apportion import config, config_schema
+from apportion.errors import ConfigError
 
 
 @pytest.fixture
@@ -45,10 +47,12 @@ def test_defaults_are_present(clean_env: Path) -> None:
         ("APPORTION_scheduler__allowed_failures", "7", "scheduler.allowed-failures", 7),
         ("APPORTION_WORKER__NTHREADS", "None", "worker.nthreads", None),
         ("APPORTION_WORKER__NTHREADS", "null", "worker.nthreads", None),
-        ("APPORTION_SCHEDULER__HTTP_PORT", "true", "scheduler.http-port", True),
-        ("APPORTION_SCHEDULER__HTTP_PORT", "False", "scheduler.http-port", False),
-        ("APPORTION_COMM__NAME", "hello world", "comm.name", "hello world"),
-        ("APPORTION_COMM__LIST", "[1, 2]", "comm.list", [1, 2]),
+        ("APPORTION_SCHEDULER__HTTP_PORT", "8787", "scheduler.http-port", 8787),
+        ("APPORTION_SCHEDULER__VALIDATE", "true", "scheduler.validate", True),
+        ("APPORTION_CLIENT__DIRECT_RESULTS", "False", "client.direct-results", False),
+        ("APPORTION_COMM__EVENT_LOOP", "asyncio", "comm.event-loop", "asyncio"),
+        ("APPORTION_COMM__TLS__CA_FILE", "/etc/ca.pem", "comm.tls.ca-file", "/etc/ca.pem"),
+        ("APPORTION_COMM__TLS__CA_FILE", "123", "comm.tls.ca-file", "123"),
     ],
 )
 def test_environment_variables_set_nested_keys(
@@ -198,9 +202,96 @@ def test_refresh_reads_the_config_file_named_in_the_given_environ(
     assert config.get("scheduler.allowed-failures") == 7
 
 
-def test_inherited_configuration_sits_below_the_environment(clean_env: Path) -> None:
+def test_inherited_configuration_wins_over_the_environment(clean_env: Path) -> None:
+    """A LocalCluster's processes inherit its whole configuration, environment and
+    config.set included: what it set with config.set beats the environment there too."""
     import json
 
-    inherited = json.dumps({"worker": {"resources": {"GPU": 1, "X": 1}}})
-    config.refresh({config.INHERITED_ENV: inherited, "APPORTION_WORKER__RESOURCES__GPU": "2"})
+    inherited = json.dumps(
+        {"scheduler": {"no-worker-timeout": 5}, "worker": {"resources": {"X": 1}}}
+    )
+    config.refresh(
+        {
+            config.INHERITED_ENV: inherited,
+            "APPORTION_SCHEDULER__NO_WORKER_TIMEOUT": "99",
+            "APPORTION_WORKER__RESOURCES__GPU": "2",
+        }
+    )
+    assert config.get("scheduler.no-worker-timeout") == 5
     assert config.get("worker.resources") == {"GPU": 2, "X": 1}
+
+
+@pytest.mark.parametrize(
+    ("key", "closest"),
+    [
+        ("scheduler.no-worker-timout", "scheduler.no-worker-timeout"),
+        ("scheduler.allowed-failure", "scheduler.allowed-failures"),
+        ("worker.resource.gpu", "worker.resources.gpu"),
+        ("comm.tls.certfile", "comm.tls.cert-file"),
+    ],
+)
+def test_an_unknown_key_is_an_error_naming_it_and_the_closest_known_key(
+    clean_env: Path, key: str, closest: str
+) -> None:
+    with pytest.raises(ConfigError, match="unknown configuration key") as raised:
+        config.set({key: 1})
+    assert (raised.value.key, raised.value.suggestion) == (key, closest)
+    assert repr(key) in str(raised.value) and repr(closest) in str(raised.value)
+    assert "config.set" in str(raised.value)
+
+
+def test_an_unknown_key_from_the_environment_names_the_variable(clean_env: Path) -> None:
+    name = "APPORTION_SCHEDULER__NO_WORKER_TIMOUT"
+    with pytest.raises(ConfigError, match=f"environment variable {name}") as raised:
+        config.refresh({name: "5"})
+    assert raised.value.suggestion == "scheduler.no-worker-timeout"
+
+
+def test_an_unknown_key_in_a_file_names_the_file(clean_env: Path, tmp_path: Path) -> None:
+    path = _yaml(tmp_path / "c.yaml", "scheduler:\n  alowed-failures: 7\n")
+    with pytest.raises(ConfigError, match=f"file {path}") as raised:
+        config.refresh({"APPORTION_CONFIG": str(path)})
+    assert raised.value.suggestion == "scheduler.allowed-failures"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("scheduler.allowed-failures", "three", "integer"),
+        ("scheduler.allowed-failures", 2.5, "integer"),
+        ("scheduler.no-worker-timeout", "5s", "number or None"),
+        ("scheduler.validate", 1, "boolean"),
+        ("scheduler.worker-prefetch", True, "integer"),
+        ("comm.event-loop", "trio", "'uvloop' or 'asyncio'"),
+        ("worker.resources.GPU", "two", "number"),
+        ("worker.resources", [1], "mapping"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_an_error_naming_the_key_and_type(
+    clean_env: Path, key: str, value: object, expected: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(expected)) as raised:
+        config.set({key: value})
+    assert raised.value.key == key
+    assert repr(value) in str(raised.value)
+
+
+def test_a_rejected_set_changes_nothing(clean_env: Path) -> None:
+    config.refresh({})
+    with pytest.raises(ConfigError):
+        config.set({"scheduler.allowed-failures": 9, "scheduler.typo": 1})
+    assert config.get("scheduler.allowed-failures") == 3
+
+
+def test_every_default_has_the_type_its_setting_declares() -> None:
+    for setting in config_schema.SETTINGS:
+        if setting.key not in config_schema.OPEN_MAPPINGS:
+            config_schema.check_value(setting, setting.default, "defaults")
+    assert config.DEFAULTS == config_schema.defaults()
+
+
+def test_the_readme_settings_table_is_generated_from_the_schema() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert config_schema.markdown_table() in readme, (
+        "regenerate the README's settings table: apportion settings"
+    )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+import tracemalloc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -53,12 +56,48 @@ def test_a_large_frame_is_collected_in_one_buffer_across_chunks() -> None:
     assert _drain(reader) == [[{"op": "small"}], big, [{"op": "after"}]]
 
 
-def test_the_first_frame_has_its_own_limit_and_the_rest_the_usual_one() -> None:
-    reader = FrameReader(max_frame=10_000, first_frame_limit=100)
+def test_before_trust_every_frame_and_all_that_is_held_fit_the_handshake_limit() -> None:
+    reader = FrameReader(max_frame=10_000, handshake_limit=100)
     with pytest.raises(ProtocolError, match="limit of 100 bytes"):
         reader.feed(encode([{"op": "hello", "pad": b"x" * 200}]))
-    reader = FrameReader(max_frame=10_000, first_frame_limit=100)
-    reader.feed(encode([{"op": "hello"}]) + encode([{"op": "x", "pad": b"x" * 5_000}]))
+    # Small frames each within the limit, but more than it in all: refused too.
+    reader = FrameReader(max_frame=10_000, handshake_limit=100)
+    reader.feed(encode([{"op": "a", "pad": b"x" * 40}]))
+    with pytest.raises(ProtocolError, match="more than 100 bytes sent before authentication"):
+        reader.feed(encode([{"op": "b", "pad": b"x" * 40}]) * 2)
+    # An empty frame does not open the door to a large one (an empty frame was enough
+    # to make a server allocate what the next header announced).
+    reader = FrameReader(max_frame=1 << 30, handshake_limit=100)
+    with pytest.raises(ProtocolError, match="limit of 100 bytes"):
+        reader.feed(struct.pack("<I", 0) + struct.pack("<I", 1 << 29))
+
+
+def test_after_trust_frames_up_to_max_frame_are_accepted() -> None:
+    reader = FrameReader(max_frame=10_000, handshake_limit=100)
+    reader.feed(encode([{"op": "hello"}]))
+    reader.trust()
+    reader.feed(encode([{"op": "x", "pad": b"x" * 5_000}]))
     assert [m[0]["op"] for m in _drain(reader)] == ["hello", "x"]
     with pytest.raises(ProtocolError, match="limit of 10000 bytes"):
         reader.feed(encode([{"op": "x", "pad": b"x" * 20_000}])[:4])  # refused by its header
+
+
+def test_the_connecting_side_trusts_after_the_first_frame() -> None:
+    reader = FrameReader(max_frame=10_000, handshake_limit=100, trust_after_first_frame=True)
+    reader.feed(encode([{"op": "welcome"}]) + encode([{"op": "x", "pad": b"x" * 5_000}]))
+    assert [m[0]["op"] for m in _drain(reader)] == ["welcome", "x"]
+
+
+def test_a_large_frame_buffer_grows_with_what_arrives_not_what_is_announced() -> None:
+    reader = FrameReader(max_frame=1 << 30)
+    tracemalloc.start()
+    try:
+        reader.feed(struct.pack("<I", (1 << 30) - 1) + b"x" * LARGE_FRAME_BYTES)
+        for _ in range(4):
+            reader.feed(b"y" * LARGE_FRAME_BYTES)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * LARGE_FRAME_BYTES, f"peak {peak} bytes for 5 chunks of 256 KiB"
+    reader.drop_incomplete()
+    assert reader._large is None and not reader.frames

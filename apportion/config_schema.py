@@ -1,0 +1,278 @@
+"""Every configuration key: its type, default and meaning, in one place.
+
+``apportion.config`` builds its defaults from this table and checks every value set
+(files, environment, ``config.set``) against it; the README's settings table is
+generated from it (``apportion settings`` prints it), and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from apportion.errors import ConfigError
+
+Kind = Literal["number", "integer", "boolean", "string"]
+
+
+class Setting:
+    """One key: its type (``kind``, and ``choices`` for a closed set of strings), its
+    default, whether None is valid too (``optional``), and what it means."""
+
+    # A plain class: every process imports this table, and a dataclass costs more to build.
+    __slots__ = ("choices", "default", "key", "kind", "meaning", "optional")
+
+    def __init__(
+        self,
+        key: str,
+        kind: Kind,
+        default: Any,
+        meaning: str,
+        optional: bool = False,
+        choices: tuple[str, ...] = (),
+    ) -> None:
+        self.key = key
+        self.kind = kind
+        self.default = default
+        self.meaning = meaning
+        self.optional = optional
+        self.choices = choices
+
+    def describe_type(self, article: bool = False) -> str:
+        if self.choices:
+            text = " or ".join(repr(c) for c in self.choices)
+        else:
+            text = (
+                f"{'an' if self.kind == 'integer' else 'a'} {self.kind}" if article else self.kind
+            )
+        return f"{text} or None" if self.optional else text
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "scheduler.no-worker-timeout",
+        "number",
+        None,
+        "Seconds a task may wait for a worker that could ever run it, then it fails with "
+        "NoValidWorkerError; None waits forever.",
+        optional=True,
+    ),
+    Setting(
+        "scheduler.worker-prefetch",
+        "integer",
+        1,
+        "Tasks handed to a worker beyond its thread count, to hide the round trip.",
+    ),
+    Setting(
+        "scheduler.allowed-failures",
+        "integer",
+        3,
+        "A task that was running on more workers that died than this fails with KilledWorkerError.",
+    ),
+    Setting(
+        "scheduler.worker-timeout",
+        "number",
+        30.0,
+        "Seconds without a heartbeat after which a worker is removed.",
+    ),
+    Setting(
+        "scheduler.retire-timeout",
+        "number",
+        30.0,
+        "Seconds a retire request waits for results to be copied off the retiring workers; "
+        "workers not emptied by then stay in service.",
+    ),
+    Setting(
+        "scheduler.http-port",
+        "integer",
+        None,
+        "Port of the HTTP API when `apportion scheduler` is not given --http-port; None: "
+        "no HTTP API.",
+        optional=True,
+    ),
+    Setting(
+        "scheduler.validate",
+        "boolean",
+        False,
+        "Check resource accounting after every batch of messages (slow; for tests).",
+    ),
+    Setting(
+        "worker.resources",
+        "number",
+        {},
+        "Resources a worker advertises, by name (`worker.resources.GPU: 2`); names keep "
+        "their case. Flags and LocalCluster arguments take precedence.",
+    ),
+    Setting(
+        "worker.nthreads",
+        "integer",
+        None,
+        "Task threads per worker when --nthreads is not given; None: one.",
+        optional=True,
+    ),
+    Setting(
+        "worker.heartbeat-interval",
+        "number",
+        1.0,
+        "Seconds between a worker's heartbeats to the scheduler.",
+    ),
+    Setting(
+        "worker.connect-timeout",
+        "number",
+        300.0,
+        "Seconds a worker keeps trying to reach a scheduler that is not (yet) there.",
+    ),
+    Setting(
+        "worker.inline-result-bytes",
+        "integer",
+        64 * 1024,
+        "Results up to this many bytes travel with the completion message.",
+    ),
+    Setting(
+        "client.direct-results",
+        "boolean",
+        True,
+        "Workers holding results tell waiting clients themselves: one hop fewer.",
+    ),
+    Setting(
+        "comm.max-frame-bytes",
+        "integer",
+        1 << 30,
+        "Largest frame (a batch of messages, a result, an argument) a peer accepts.",
+    ),
+    Setting(
+        "comm.connect-timeout",
+        "number",
+        10.0,
+        "Seconds to open a connection and complete its handshake.",
+    ),
+    Setting(
+        "comm.event-loop",
+        "string",
+        "uvloop",
+        "Event loop: uvloop (where installed; faster I/O and wake-ups) or asyncio.",
+        choices=("uvloop", "asyncio"),
+    ),
+    Setting(
+        "comm.tls.cert-file",
+        "string",
+        None,
+        "Certificate to serve and to present over TLS (--tls-cert); addresses become tls://.",
+        optional=True,
+    ),
+    Setting("comm.tls.key-file", "string", None, "Private key of the certificate.", optional=True),
+    Setting(
+        "comm.tls.ca-file",
+        "string",
+        None,
+        "CA that peers' certificates must be signed by (mutual TLS).",
+        optional=True,
+    ),
+    Setting(
+        "comm.tls.check-hostname",
+        "boolean",
+        True,
+        "Clients check that the server's certificate names the host they connect to.",
+    ),
+)
+
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+# Keys whose value is a mapping of free names (resource names) to values of the setting's kind.
+OPEN_MAPPINGS = frozenset({"worker.resources"})
+
+
+def defaults() -> dict[str, Any]:
+    """The nested mapping of every default."""
+    out: dict[str, Any] = {}
+    for setting in SETTINGS:
+        *parents, name = setting.key.split(".")
+        cursor = out
+        for part in parents:
+            cursor = cursor.setdefault(part, {})
+        cursor[name] = (
+            dict(setting.default) if isinstance(setting.default, dict) else setting.default
+        )
+    return out
+
+
+def check_tree(tree: Mapping[str, Any], source: str, prefix: str = "") -> None:
+    """Raise ConfigError for the first unknown key or wrongly typed value in ``tree``
+    (nested, canonical keys)."""
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        if key in OPEN_MAPPINGS:
+            check_open_mapping(key, value, source)
+        elif key in BY_KEY:
+            check_value(BY_KEY[key], value, source)
+        elif isinstance(value, Mapping) and any(k.startswith(key + ".") for k in BY_KEY):
+            check_tree(value, source, key + ".")
+        else:
+            while isinstance(value, Mapping) and len(value) == 1:  # name the key as written
+                ((name, value),) = value.items()
+                key = f"{key}.{name}"
+            raise unknown_key(key, source)
+
+
+def check_open_mapping(key: str, value: Any, source: str) -> None:
+    setting = BY_KEY[key]
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"configuration key {key!r} (from {source}) must be a mapping of names to "
+            f"{setting.kind}s, got {value!r}",
+            key,
+            source=source,
+        )
+    for name, amount in value.items():
+        check_value(setting, amount, source, f"{key}.{name}")
+
+
+def check_value(setting: Setting, value: Any, source: str, key: str | None = None) -> None:
+    key = key or setting.key
+    if value is None and setting.optional:
+        return
+    if not _is_kind(value, setting.kind) or (setting.choices and value not in setting.choices):
+        raise ConfigError(
+            f"configuration key {key!r} (from {source}) must be "
+            f"{setting.describe_type(article=True)}, got {value!r}",
+            key,
+            source=source,
+        )
+
+
+def _is_kind(value: Any, kind: Kind) -> bool:
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False  # True is an int to Python, not a number to a user
+    if kind == "integer":
+        return isinstance(value, int)
+    if kind == "number":
+        return isinstance(value, (int, float))
+    return isinstance(value, str)
+
+
+def unknown_key(key: str, source: str) -> ConfigError:
+    import difflib  # here: only a mistake pays for importing it
+
+    last = key.rsplit(".", 1)[-1]
+    known = [*BY_KEY, *(f"{k}.{last}" for k in OPEN_MAPPINGS)]
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    suggestion = close[0] if close else None
+    hint = f"; did you mean {suggestion!r}?" if suggestion else "."
+    return ConfigError(
+        f"unknown configuration key {key!r} (from {source}){hint} Every key is listed "
+        "under 'Settings' in the README (`apportion settings` prints them).",
+        key,
+        suggestion,
+        source,
+    )
+
+
+def markdown_table() -> str:
+    """The README's settings table."""
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        key = f"{s.key}.<name>" if s.key in OPEN_MAPPINGS else s.key
+        default = "{}" if s.key in OPEN_MAPPINGS else repr(s.default)
+        rows.append(f"| `{key}` | {s.describe_type()} | `{default}` | {s.meaning} |")
+    return "\n".join(rows)
