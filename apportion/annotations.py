@@ -1,7 +1,9 @@
-"""``with annotate(resources=...)``: defaults for submit/map calls inside the block."""
+"""``with annotate(resources=...)``: defaults for submit/map calls inside the block, and for
+the Dask collections built in it."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -28,7 +30,14 @@ def annotate(**annotations: Any) -> Iterator[None]:
         validate(annotations["resources"])
     token = _current.set({**current(), **annotations})
     try:
-        yield
+        if "dask" in sys.modules:
+            # Dask collections built in the block carry them too (see dask_graph).
+            import dask
+
+            with dask.annotate(**annotations):
+                yield
+        else:
+            yield
     finally:
         _current.reset(token)
 
