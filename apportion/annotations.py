@@ -43,4 +43,10 @@ def annotate(**annotations: Any) -> Iterator[None]:
 
 
 def current() -> dict[str, Any]:
-    return _current.get() or {}
+    """The annotations in force: ours over Dask's (``dask.annotate``), where Dask is imported."""
+    ours = _current.get() or {}
+    dask = sys.modules.get("dask")
+    theirs = dask.get_annotations() if dask is not None else None
+    if not theirs:
+        return ours
+    return {**{k: v for k, v in theirs.items() if k in KNOWN}, **ours}

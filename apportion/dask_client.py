@@ -128,7 +128,7 @@ def _future(client: Client, key: str) -> Future:
 def call_annotations() -> dict[str, Any]:
     """Annotations in force where compute/persist is called: they apply to the whole graph
     (layers' own annotations win)."""
-    return {**current_annotations(), **dask.get_annotations()}
+    return {**dask.get_annotations(), **current_annotations()}
 
 
 # -------------------------------------------------------------------- the protocol

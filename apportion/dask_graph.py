@@ -69,6 +69,9 @@ class AnnotationTable:
 
     by_key: dict[Key, Annotations] = field(default_factory=dict)
     by_name: Mapping[str, Annotations] = field(default_factory=dict)
+    # Dask's own final step (``finalize-...``, added at compute time): fused with the
+    # user's last tasks, it takes theirs, so agreeing annotations keep Dask's task count.
+    neutral: set[Key] = field(default_factory=set)
 
     def lookup(self, key: Key) -> Annotations | None:
         found = self.by_key.get(key)
@@ -84,7 +87,7 @@ class AnnotationTable:
 # ----------------------------------------------------------------- reading annotations
 def read_annotations(expr: Any) -> AnnotationTable:
     """Per-key annotations of every high-level-graph layer in ``expr``, before optimization."""
-    from dask._expr import Expr, HLGExpr
+    from dask._expr import Expr, HLGExpr, HLGFinalizeCompute
 
     table = AnnotationTable(by_name=_EXPRESSION_ANNOTATIONS)
     stack, seen = [expr], set()
@@ -93,6 +96,8 @@ def read_annotations(expr: Any) -> AnnotationTable:
         if id(node) in seen:
             continue
         seen.add(id(node))
+        if isinstance(node, HLGFinalizeCompute):
+            table.neutral.add(node._name)
         if isinstance(node, HLGExpr):
             for layer in node.hlg.layers.values():
                 if layer.annotations:
@@ -133,7 +138,7 @@ def capture_expressions() -> None:
     def __init__(self: Any, expr: Any) -> None:
         from apportion.annotations import current
 
-        annotations = {**current(), **dask.get_annotations()}
+        annotations = {**dask.get_annotations(), **current()}
         if annotations:
             _EXPRESSION_ANNOTATIONS[expr._name] = annotations
         original(self, expr)
@@ -162,30 +167,26 @@ def _is_fused(node: GraphNode) -> bool:
     return isinstance(node, Task) and node.func is _execute_subgraph
 
 
-def _parts(node: GraphNode, subs: Mapping[Key, Key] | None = None) -> dict[Key, GraphNode]:
-    """The original tasks inside a fused task (recursively); the node itself otherwise.
+def _parts(node: GraphNode) -> dict[Key, GraphNode]:
+    """The tasks a fused task was made of; the node itself for any other.
 
     Inside, a fused task names its inputs by placeholder keys (``inkeys``) bound to its
-    arguments; its parts are rewritten to name the real keys. A fused task nested inside
-    another becomes its parts plus an alias from its key to its output (the parts around
-    it refer to it by that key)."""
-    if subs:
-        node = node.substitute(dict(subs))
+    arguments; its parts are rewritten to name the real keys. A part that is itself
+    fused is a blockwise unit (tasks of layers Dask fused before, whose annotations agree,
+    see ``materialize``) and stays whole: its inner keys are the layer's, not graph keys.
+    """
     if not _is_fused(node):
         return {node.key: node}
-    inner_dsk, outkey, inkeys, *inputs = node.args
+    inner_dsk, _outkey, inkeys, *inputs = node.args
     local: dict[Key, Key] = {}
     for inkey, value in zip(inkeys, inputs, strict=True):
         if not isinstance(value, TaskRef):
             raise _Unsplittable(node.key)
         if inkey != value.key:
             local[inkey] = value.key
-    out: dict[Key, GraphNode] = {}
-    for inner in inner_dsk.values():
-        out.update(_parts(inner, local))
-        if _is_fused(inner) and inner.key != inner.args[1]:
-            out[inner.key] = Alias(inner.key, target=inner.args[1])
-    return out
+    if not local:
+        return dict(inner_dsk)
+    return {key: part.substitute(local) for key, part in inner_dsk.items()}
 
 
 def _annotations_of_parts(
@@ -221,21 +222,23 @@ def split_mixed(
     # alias to the fused task (its former top), which the part itself now replaces.
     split: dict[Key, GraphNode] = {}
     for key, node in graph.items():
-        if not _is_fused(node):
+        own = table.lookup(key)
+        if own is not None or not _is_fused(node):
             result[key] = node
-            annotations[key] = table.lookup(key)
+            annotations[key] = own
             continue
         try:
             parts = _parts(node)
         except _Unsplittable:
             # Cannot be taken apart: it runs as one task, with the largest of each demand.
             result[key] = node
-            annotations[key] = _merged(_annotations_of_parts(_names_in(node), table).values())
+            annotations[key] = _merged(_annotations_of_parts(dict(node.args[0]), table).values())
             continue
         found = _annotations_of_parts(parts, table)
-        if len({_signature(a) for a in found.values()}) <= 1:
+        distinct = {_signature(a): a for k, a in found.items() if k not in table.neutral}
+        if len(distinct) <= 1:
             result[key] = node
-            annotations[key] = next(iter(found.values()))
+            annotations[key] = next(iter(distinct.values()), None)
             continue
         outkey = node.args[1]
         # A part whose dependent (inside this task) is written under other annotations ends
@@ -248,23 +251,14 @@ def split_mixed(
         refused = fuse_linear_task_spec(parts, keys=boundaries)
         for k, part in refused.items():
             split[k] = part
-            annotations[k] = found.get(next(iter(_parts(part))))
+            # A refused run's parts share their annotations: any one's will do.
+            annotations[k] = found.get(next(iter(_parts(part))), found.get(k))
         if key != outkey:
             split[key] = Alias(key, target=outkey)
             annotations[key] = found.get(outkey)
     result.update(split)
     _collapse_aliases(result, annotations, set(outputs))
     return result, annotations
-
-
-def _names_in(node: GraphNode) -> dict[Key, GraphNode]:
-    """Every task inside a fused task, as it is written (no rewriting of inputs)."""
-    if not _is_fused(node):
-        return {node.key: node}
-    out: dict[Key, GraphNode] = {}
-    for inner in node.args[0].values():
-        out.update(_names_in(inner))
-    return out
 
 
 def _merged(all_annotations: Iterable[Annotations | None]) -> Annotations | None:
@@ -307,7 +301,10 @@ def _collapse_aliases(
         ):
             moved = graph.pop(target).substitute({}, key=key)
             graph[key] = moved
-            annotations[key] = annotations.pop(target, None)
+            moved_annotations = annotations.pop(target, None)
+            annotations.pop(key, None)
+            if moved_annotations is not None:
+                annotations[key] = moved_annotations
             node = moved
             target = node.target if isinstance(node, Alias) else None
 
@@ -437,9 +434,11 @@ def graph_of(expr: Any, outputs: list[Key]) -> tuple[dict[Key, GraphNode], dict[
     """Optimized graph of ``expr`` and each task's annotations (see the module's steps)."""
     table = read_annotations(expr)
     graph = materialize(expr)
-    if not table:
-        return graph, {}
-    return split_mixed(graph, table, outputs)
+    if table:
+        return split_mixed(graph, table, outputs)
+    annotations: dict[Key, Annotations | None] = {}
+    _collapse_aliases(graph, annotations, set(outputs))
+    return graph, annotations
 
 
 def flat_keys(keys: Any) -> list[Key]:
