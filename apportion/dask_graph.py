@@ -265,8 +265,8 @@ def _merged(all_annotations: Iterable[Annotations | None]) -> Annotations | None
     """One task's annotations from its parts': the largest demand of each resource, the
     most retries, the highest priority."""
     merged: dict[str, Any] = {}
-    for annotations in all_annotations:
-        for name, value in (annotations or {}).items():
+    for one in all_annotations:
+        for name, value in (one or {}).items():
             if name == "resources" and isinstance(value, Mapping):
                 resources = dict(merged.get("resources", {}))
                 for resource, amount in value.items():

@@ -91,7 +91,7 @@ def test_every_task_keeps_one_annotation_and_dasks_own_graph_loses_them():
     z = y.map_blocks(f2).sum()
     expr, _ = optimized(z)
     assert expr.__dask_annotations__() == {}  # what Dask hands a scheduler: nothing
-    graph, annotations, _ = planned(z)
+    graph, _, _ = planned(z)
     for node in graph.values():
         inner = names_inside(node)
         assert not ("f1" in inner and inner - {"f1"}), inner
@@ -100,7 +100,7 @@ def test_every_task_keeps_one_annotation_and_dasks_own_graph_loses_them():
 def test_graphs_whose_annotations_agree_keep_dasks_task_count():
     with dask.annotate(resources={"GPU": 1}, retries=2, priority=5):
         z = da.arange(1000, chunks=10).map_blocks(f1).map_blocks(f2).sum()
-    graph, annotations, plan = planned(z)
+    _, _, plan = planned(z)
     assert len(plan.tasks) == dask_task_count(z)
     fused = [t for t in plan.tasks if {"f1", "f2"} & names_inside(t.node)]
     assert fused and all(
@@ -121,7 +121,7 @@ def test_split_keeps_fusing_runs_with_equal_annotations():
     with dask.annotate(resources={"GPU": 1}):
         y = x.map_blocks(f1).map_blocks(f2)  # one run: fused together
     z = y.map_blocks(f1).map_blocks(f2)  # another run
-    graph, annotations, plan = planned(z)
+    _, _, plan = planned(z)
     unannotated = dask_task_count(z)
     # Per block: arange, the GPU run, the other run (instead of one fused task).
     assert len(plan.tasks) == unannotated + 2 * 10
@@ -131,7 +131,7 @@ def test_per_key_callable_annotations():
     x = da.arange(100, chunks=10)
     with dask.annotate(priority=lambda key: key[1]):
         y = x.map_blocks(f1)
-    graph, annotations, plan = planned(y.map_blocks(f2))
+    _, _, plan = planned(y.map_blocks(f2))
     priorities = sorted(
         t.options.get("priority", 0) for t in plan.tasks if name(t.node.key) == "f1"
     )
