@@ -23,11 +23,10 @@ class DefaultScheduler:
         self._client = client
         self._previous = dask.config.get("scheduler", None)
         dask.config.set(scheduler=client.get)
-        if "dask.dataframe" in sys.modules:
-            # Dataframes keep their annotations from now on (see dask_graph).
-            from apportion.dask_graph import capture_expressions
+        # Graphs built from now on keep their annotations (see dask_graph).
+        from apportion.dask_graph import install
 
-            capture_expressions()
+        install()
 
     def __enter__(self) -> Client:
         return self._client

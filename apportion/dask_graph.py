@@ -21,6 +21,7 @@ Everything here is pure (no I/O, no client): tested on its own.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -115,10 +116,47 @@ def _read_layer(keys: Iterable[Key], annotations: Annotations, out: dict[Key, An
         shared = dict(annotations)
         out.update(dict.fromkeys(keys, shared))
         return
+    from dask._expr import _AnnotationsTombstone
+
     for key in keys:  # Dask's per-key form: annotate(priority=lambda key: ...)
-        out[key] = {
+        values = {
             name: value(key) if callable(value) else value for name, value in annotations.items()
         }
+        # Dask rebuilds delayed graphs with per-key annotations whose "none" is a tombstone.
+        values = {k: v for k, v in values.items() if not isinstance(v, _AnnotationsTombstone)}
+        if values:
+            out[key] = values
+
+
+def install() -> None:
+    """What Dask needs so that annotations reach apportion intact; idempotent."""
+    _cull_outside_annotations()
+    if "dask.dataframe" in sys.modules:  # never imported here: pandas is slow to import
+        capture_expressions()
+
+
+def _cull_outside_annotations() -> None:
+    """Dask culls a high-level graph into new layers which, given no annotations of their
+    own, take those of the annotate block being run: unannotated tasks built outside the
+    block then carry its demand (a ``delayed`` call inside a block culls its arguments'
+    graphs). Culling now runs outside any block, so a layer keeps what it was written with.
+    """
+    from dask import base
+    from dask.highlevelgraph import HighLevelGraph
+
+    original = HighLevelGraph.cull
+    if getattr(original, "__apportion_fix__", False):
+        return
+
+    def cull(self: Any, keys: Any) -> Any:
+        token = base._annotations.set(None)
+        try:
+            return original(self, keys)
+        finally:
+            base._annotations.reset(token)
+
+    cull.__apportion_fix__ = True  # type: ignore[attr-defined]
+    HighLevelGraph.cull = cull  # type: ignore[method-assign]
 
 
 def capture_expressions() -> None:

@@ -17,7 +17,7 @@ from dask.core import flatten
 from apportion import annotate, dask_graph
 from apportion.dask_graph import _signature
 
-dask_graph.capture_expressions()
+dask_graph.install()
 
 
 def f1(block):
@@ -193,3 +193,19 @@ def test_unknown_annotation_is_warned_by_name():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dask_graph.task_options({"colour_for_unit_test": "blue"})  # once per name
+
+
+def test_a_delayed_call_inside_a_block_leaves_its_arguments_unannotated():
+    load, process = dask.delayed(f1), dask.delayed(f2)
+    data = [load(i) for i in range(3)]
+    with dask.annotate(resources={"GPU": 1}):
+        processed = [process(d) for d in data]
+    with dask.annotate(resources={"MEMORY": 70e9}):  # culls the graphs of ``processed``
+        final = dask.delayed(sum)(processed)
+    _, _, plan = planned(final)
+    by_name: dict[str, list] = {}
+    for t in plan.tasks:
+        by_name.setdefault(name(t.node.key), []).append(t.options)
+    assert by_name["f1"] == [{}] * 3
+    assert by_name["f2"] == [{"resources": {"GPU": 1}}] * 3
+    assert by_name["sum"] == [{"resources": {"MEMORY": 70e9}}]
