@@ -290,7 +290,8 @@ def split_mixed(
         for k, part in refused.items():
             split[k] = part
             # A refused run's parts share their annotations: any one's will do.
-            annotations[k] = found.get(next(iter(_parts(part))), found.get(k))
+            members = part.args[0] if _is_fused(part) else (k,)
+            annotations[k] = found.get(next(iter(members)), found.get(k))
         if key != outkey:
             split[key] = Alias(key, target=outkey)
             annotations[key] = found.get(outkey)
