@@ -201,7 +201,7 @@ def persist(client: Client, collections: Any, optimize_graph: bool = True, **_: 
     else:
         collection_exprs = [None] * len(items)
     keys: list[Key] = []
-    rebuilds = []
+    rebuilds: list[tuple[Any, Any, Any]] = []
     for item, item_expr, item_keys in zip(
         items, collection_exprs, expr.__dask_keys__(), strict=True
     ):

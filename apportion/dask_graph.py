@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import dask
 from dask._task_spec import (
@@ -41,7 +41,7 @@ from dask.core import flatten
 
 from apportion.resources import validate
 
-Key = Hashable
+Key = Any  # a Dask key: a string, or a tuple such as ("x-1a2b", 3)
 Annotations = Mapping[str, Any]
 
 # What apportion reads from an annotation; Dask's others ("workers",
@@ -182,7 +182,7 @@ def capture_expressions() -> None:
         original(self, expr)
 
     __init__.__apportion_capture__ = True  # type: ignore[attr-defined]
-    _collection.FrameBase.__init__ = __init__
+    _collection.FrameBase.__init__ = __init__  # type: ignore[method-assign]
     # Its "annotations will be ignored" warning no longer holds.
     _collection._WARN_ANNOTATIONS = False
 
@@ -201,7 +201,7 @@ class _Unsplittable(Exception):
     """A fused task whose inputs are not plain references to other tasks."""
 
 
-def _is_fused(node: GraphNode) -> bool:
+def _is_fused(node: GraphNode) -> TypeGuard[Task]:
     return isinstance(node, Task) and node.func is _execute_subgraph
 
 
@@ -215,7 +215,8 @@ def _parts(node: GraphNode) -> dict[Key, GraphNode]:
     """
     if not _is_fused(node):
         return {node.key: node}
-    inner_dsk, _outkey, inkeys, *inputs = node.args
+    fused: Any = node
+    inner_dsk, _outkey, inkeys, *inputs = fused.args
     local: dict[Key, Key] = {}
     for inkey, value in zip(inkeys, inputs, strict=True):
         if not isinstance(value, TaskRef):
@@ -270,7 +271,8 @@ def split_mixed(
         except _Unsplittable:
             # Cannot be taken apart: it runs as one task, with the largest of each demand.
             result[key] = node
-            annotations[key] = _merged(_annotations_of_parts(dict(node.args[0]), table).values())
+            inner = dict(node.args[0])  # type: ignore[attr-defined]
+            annotations[key] = _merged(_annotations_of_parts(inner, table).values())
             continue
         found = _annotations_of_parts(parts, table)
         distinct = {_signature(a): a for k, a in found.items() if k not in table.neutral}
@@ -278,7 +280,7 @@ def split_mixed(
             result[key] = node
             annotations[key] = next(iter(distinct.values()), None)
             continue
-        outkey = node.args[1]
+        outkey = node.args[1]  # type: ignore[attr-defined]
         # A part whose dependent (inside this task) is written under other annotations ends
         # a run: fuse_linear_task_spec never fuses a key it is asked to keep.
         boundaries = {outkey}
@@ -323,14 +325,14 @@ def _collapse_aliases(
 ) -> None:
     """Replace ``a -> b`` aliases by ``b`` itself where only ``a`` uses ``b``: one task fewer."""
     dependents: dict[Key, int] = {}
-    for node in graph.values():
-        for dep in node.dependencies:
+    for each in graph.values():
+        for dep in each.dependencies:
             dependents[dep] = dependents.get(dep, 0) + 1
     for key in list(graph):
-        node = graph.get(key)
+        node: GraphNode | None = graph.get(key)
         if not isinstance(node, Alias):
             continue
-        target = node.target
+        target: Key = node.target
         while (
             isinstance(node, Alias)
             and target != key
@@ -338,7 +340,7 @@ def _collapse_aliases(
             and target not in outputs
             and dependents.get(target) == 1
         ):
-            moved = graph.pop(target).substitute({}, key=key)
+            moved: GraphNode = graph.pop(target).substitute({}, key=key)
             graph[key] = moved
             moved_annotations = annotations.pop(target, None)
             annotations.pop(key, None)
@@ -391,7 +393,7 @@ def plan(
                 done.add(key)
                 continue
             if _is_existing(node):
-                external.add(to_key(node.target))  # type: ignore[union-attr]
+                external.add(to_key(node.target))  # type: ignore[attr-defined]
                 done.add(key)
                 continue
             if not expanded:
