@@ -12,6 +12,7 @@ passes futures as arguments (``apportion.serialize``). How annotations reach the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -51,9 +52,17 @@ def load_chunk(chunk: list[tuple[Any, tuple]]) -> list[tuple[Any, tuple]]:
 
 
 def run_node(chunk: list[tuple[Any, tuple]], index: int, *values: Any) -> Any:
-    """On the worker: run one Dask task, given its dependencies' values in order."""
+    """On the worker: run one Dask task, given its dependencies' values in order.
+
+    A lazy result (bags pass ``map``/``filter`` iterators between tasks) is evaluated here,
+    so its work runs where its task's resources were granted, not in a later task."""
     node, deps = chunk[index]
-    return node(dict(zip(deps, values, strict=True)))
+    result = node(dict(zip(deps, values, strict=True)))
+    if isinstance(result, Iterator):
+        result = list(result)
+        if result and isinstance(result[0], Iterator):
+            result = [list(part) for part in result]
+    return result
 
 
 # -------------------------------------------------------------------- submission

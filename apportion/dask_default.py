@@ -7,10 +7,33 @@ client never imports Dask.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from apportion.client import Client
+
+
+class _ClientGet:
+    """``client.get`` for ``dask.config``, holding the client weakly: Dask's global
+    configuration is no reason for a client to live on."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = weakref.ref(client)
+
+    @property
+    def __self__(self) -> Client:
+        # Dask asks this for the client (its persist), as of a bound method.
+        client = self._client()
+        if client is None:
+            raise RuntimeError(
+                "the apportion client that was Dask's default scheduler is gone: create a "
+                "Client (or call client.as_default()) before computing"
+            )
+        return client
+
+    def __call__(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        return self.__self__.get(dsk, keys, **kwargs)
 
 
 class DefaultScheduler:
@@ -22,7 +45,7 @@ class DefaultScheduler:
 
         self._client = client
         self._previous = dask.config.get("scheduler", None)
-        dask.config.set(scheduler=client.get)
+        dask.config.set(scheduler=_ClientGet(client))
         # Graphs built from now on keep their annotations (see dask_graph).
         from apportion.dask_graph import install
 
@@ -48,5 +71,5 @@ def restore(client: Client, previous: Any = None) -> None:
     if config is None:
         return
     current = config.get("scheduler", None)  # type: ignore[attr-defined]
-    if getattr(current, "__self__", None) is client:
+    if isinstance(current, _ClientGet) and current._client() in (client, None):
         config.set(scheduler=previous)  # type: ignore[attr-defined]

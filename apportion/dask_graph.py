@@ -223,9 +223,11 @@ def _parts(node: GraphNode) -> dict[Key, GraphNode]:
             raise _Unsplittable(node.key)
         if inkey != value.key:
             local[inkey] = value.key
-    if not local:
-        return dict(inner_dsk)
-    return {key: part.substitute(local) for key, part in inner_dsk.items()}
+    # A part may carry no key of its own (bags' lazified tasks): it gets its place's.
+    return {
+        key: part.substitute(local, key=key) if local or part.key != key else part
+        for key, part in inner_dsk.items()
+    }
 
 
 def _annotations_of_parts(

@@ -213,3 +213,20 @@ def test_fire_and_forget_runs_to_completion(client: Client, tmp_path: Path) -> N
     path = tmp_path / "done.txt"
     fire_and_forget(client.submit(dask_tasks.touch, str(path), pure=False))
     wait_until(path.exists, timeout=30, what="the forgotten task's file")
+
+
+def test_bag_annotations(client: Client, log: Path) -> None:
+    import dask.bag as db
+
+    func1 = recorded(log, "func1", add_one, seconds=0.05)
+    func2 = recorded(log, "func2", double)
+    b = db.from_sequence(range(12), npartitions=6)
+    with dask.annotate(resources={"GPU": 1}):
+        c = b.map(func1)
+    d = c.map(func2).filter(lambda v: v > 4)
+    assert d.sum().compute() == d.sum().compute(scheduler="sync")
+    calls = records(log)
+    check_gpu_calls([c for c in calls if c["name"] == "func1"], 12)
+    assert {c["worker"] for c in calls if c["name"] == "func2"} and all(
+        c["resources"] == {} for c in calls if c["name"] == "func2"
+    )
