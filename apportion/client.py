@@ -445,6 +445,9 @@ class Client:
         return await reply
 
     # ------------------------------------------------- Dask collections (apportion[dask])
+    # Dask accepts a client object as ``scheduler=`` when it is not asynchronous.
+    asynchronous = False
+
     def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
         """Dask's scheduler function: ``dask.compute(x, scheduler=client.get)``."""
         from apportion import dask_client
