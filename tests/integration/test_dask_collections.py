@@ -144,6 +144,7 @@ def test_compute_and_get_protocol(client: Client) -> None:
     future = client.compute(x.sum())
     assert future.result() == 4950
     assert dask.compute(x.sum(), x.max(), scheduler=client.get) == (4950, 99)
+    assert x.sum().compute(scheduler=client) == 4950
     assert client.get({"x": (add_one, 1), "y": (double, "x")}, "y") == 4
     assert client.get({"x": (add_one, 1), "y": (double, "x")}, ["x", ["y"]]) == [2, [4]]
     futures = client.compute([x.sum(), x.min()])
