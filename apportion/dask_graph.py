@@ -37,17 +37,17 @@ from dask._task_spec import (
     convert_legacy_graph,
     fuse_linear_task_spec,
 )
-from dask.core import flatten
 
+from apportion.annotations import KNOWN
 from apportion.resources import validate
 
 Key = Any  # a Dask key: a string, or a tuple such as ("x-1a2b", 3)
 Annotations = Mapping[str, Any]
 
-# What apportion reads from an annotation; Dask's others ("workers",
-# "allow_other_workers", ...) name dask.distributed's concepts and are ignored, with a
-# warning naming them.
-UNDERSTOOD = ("resources", "retries", "priority")
+# What apportion reads from an annotation (as apportion.annotate takes); Dask's others
+# ("workers", "allow_other_workers", ...) name dask.distributed's concepts and are ignored,
+# with a warning naming them.
+UNDERSTOOD = KNOWN
 
 # Annotations written around the creation of an expression-backed collection (a
 # dataframe), by expression name. Names are content hashes: the same expression built
@@ -482,7 +482,3 @@ def graph_of(expr: Any, outputs: list[Key]) -> tuple[dict[Key, GraphNode], dict[
     annotations: dict[Key, Annotations | None] = {}
     _collapse_aliases(graph, annotations, set(outputs))
     return graph, annotations
-
-
-def flat_keys(keys: Any) -> list[Key]:
-    return list(flatten(keys))
