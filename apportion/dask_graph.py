@@ -90,13 +90,16 @@ def read_annotations(expr: Any) -> AnnotationTable:
     """Per-key annotations of every high-level-graph layer in ``expr``, before optimization."""
     from dask._expr import Expr, HLGExpr, HLGFinalizeCompute
 
-    table = AnnotationTable(by_name=_EXPRESSION_ANNOTATIONS)
+    by_name: dict[str, Annotations] = {}
+    table = AnnotationTable(by_name=by_name)
     stack, seen = [expr], set()
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
+        if _EXPRESSION_ANNOTATIONS and node._name in _EXPRESSION_ANNOTATIONS:
+            by_name[node._name] = _EXPRESSION_ANNOTATIONS[node._name]
         if isinstance(node, HLGFinalizeCompute):
             table.neutral.add(node._name)
         if isinstance(node, HLGExpr):
@@ -301,7 +304,7 @@ def split_mixed(
             annotations[key] = found.get(outkey)
     result.update(split)
     _collapse_aliases(result, annotations, set(outputs))
-    return result, annotations
+    return result, {k: v for k, v in annotations.items() if v is not None}
 
 
 def _merged(all_annotations: Iterable[Annotations | None]) -> Annotations | None:
