@@ -4,9 +4,10 @@
 A graph goes to the scheduler as one ``submit`` message holding every task, in
 dependency order, followed by one ``release`` of the intermediate keys: the client then
 holds futures only for the keys asked for, and the scheduler forgets each intermediate
-result once the tasks that need it are done. Each task runs one Dask ``GraphNode`` on the
-worker (``run_node``), its dependencies substituted by the persistent-id mechanism that
-passes futures as arguments (``apportion.serialize``). How annotations reach the tasks:
+result once the tasks that need it are done. The graph's nodes travel in chunks
+(``load_chunk``), each a task of its own; a task (``run_node``) takes its chunk and its
+dependencies' values as arguments, by the persistent-id mechanism that passes futures
+as arguments (``apportion.serialize``). How annotations reach the tasks:
 ``apportion.dask_graph``.
 """
 
