@@ -9,6 +9,7 @@
 from apportion import config
 from apportion.annotations import annotate
 from apportion.client import Client, NoWorkerWarning
+from apportion.data import fire_and_forget
 from apportion.errors import (
     CancelledError,
     KilledWorkerError,
@@ -36,6 +37,7 @@ __all__ = [
     "annotate",
     "as_completed",
     "config",
+    "fire_and_forget",
     "get_worker",
     "wait",
 ]

@@ -1,7 +1,9 @@
-"""``with annotate(resources=...)``: defaults for submit/map calls inside the block."""
+"""``with annotate(resources=...)``: defaults for submit/map calls inside the block, and for
+the Dask collections built in it."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -28,10 +30,23 @@ def annotate(**annotations: Any) -> Iterator[None]:
         validate(annotations["resources"])
     token = _current.set({**current(), **annotations})
     try:
-        yield
+        if "dask" in sys.modules:
+            # Dask collections built in the block carry them too (see dask_graph).
+            import dask
+
+            with dask.annotate(**annotations):
+                yield
+        else:
+            yield
     finally:
         _current.reset(token)
 
 
 def current() -> dict[str, Any]:
-    return _current.get() or {}
+    """The annotations in force: ours over Dask's (``dask.annotate``), where Dask is imported."""
+    ours = _current.get() or {}
+    dask = sys.modules.get("dask")
+    theirs = dask.get_annotations() if dask is not None else None
+    if not theirs:
+        return ours
+    return {**{k: v for k, v in theirs.items() if k in KNOWN}, **ours}

@@ -22,6 +22,8 @@ from apportion import config
 from apportion.aio import background, new_event_loop
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
+from apportion.dask_default import on_client_created
+from apportion.dask_default import restore as restore_dask_default
 from apportion.errors import SchedulerConnectionError
 from apportion.futures import Future, FutureState
 from apportion.protocol import Comm, CommClosedError, Message, ProtocolError, connect
@@ -110,6 +112,7 @@ class Client:
             self._closed = True  # nothing left to shut down, now or in __del__
             self._io.stop()
             raise
+        on_client_created(self)
 
     async def _connect(self, timeout: float) -> str:
         self._comm, welcome = await connect(
@@ -445,6 +448,40 @@ class Client:
         self._comm.send({**message, "id": request_id})
         return await reply
 
+    # ------------------------------------------------- Dask collections (apportion[dask])
+    # Dask accepts a client object as ``scheduler=`` when it is not asynchronous.
+    asynchronous = False
+
+    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        """Dask's scheduler function: ``dask.compute(x, scheduler=client.get)``."""
+        from apportion import dask_client
+
+        return dask_client.get(self, dsk, keys, **kwargs)
+
+    def compute(self, collections: Any, optimize_graph: bool = True) -> Any:
+        """Start computing Dask collections: a future per collection (list in, list out)."""
+        from apportion import dask_client
+
+        return dask_client.compute(self, collections, optimize_graph)
+
+    def persist(self, collections: Any, optimize_graph: bool = True, **kwargs: Any) -> Any:
+        """The same Dask collections, backed by futures of their chunks on the cluster."""
+        from apportion import dask_client
+
+        return dask_client.persist(self, collections, optimize_graph, **kwargs)
+
+    def as_default(self) -> Any:
+        """Make this client Dask's default scheduler (also usable as a ``with`` block)."""
+        from apportion.dask_default import DefaultScheduler
+
+        return DefaultScheduler(self)
+
+    def scatter(self, data: Any, broadcast: bool = False) -> Any:
+        """Futures of local data (a list gives a list, a dict a dict)."""
+        from apportion.data import scatter
+
+        return scatter(self, data, broadcast)
+
     # ------------------------------------------------------- scheduler events
     async def _read_loop(self, comm: Comm) -> None:
         try:
@@ -573,6 +610,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        restore_dask_default(self)
         if threading.current_thread() is self._io.thread:
             # Called from our own I/O thread (a callback, or garbage collection there):
             # waiting on that thread would deadlock, so just stop it.

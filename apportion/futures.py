@@ -201,6 +201,13 @@ class Future:
     def __repr__(self) -> str:
         return f"<Future: {self.status}, key: {self.key}>"
 
+    # Dask reads a future inside a collection or a delayed call as a reference to its key
+    # (dask._task_spec); its token is its key.
+    __dask_future__ = True
+
+    def __dask_tokenize__(self) -> tuple[str, str]:
+        return ("apportion.Future", self.key)
+
     def __reduce__(self) -> Any:
         raise TypeError(
             "a Future cannot be pickled on its own; pass it directly as a task argument "

@@ -14,22 +14,22 @@ import sys
 import time
 
 from benchmarks.systems import adapter
-from benchmarks.workloads import HOMOGENEOUS, Sizes, inc, seed, warm_up
+from benchmarks.workloads import DASK_WORKLOADS, HOMOGENEOUS, SEED_CLUSTER, Sizes, inc, warm_up
 
 
 def run_cluster(system: str, sizes: Sizes, workloads: list[str]) -> dict[str, float]:
     module = adapter(system)
+    if not getattr(module, "COMPUTES_DASK_COLLECTIONS", False):
+        workloads = [w for w in workloads if w not in DASK_WORKLOADS]
     metrics: dict[str, float] = {}
-    plain = [w for w in workloads if w in HOMOGENEOUS]
-    if plain:
-        with module.session(seed=False) as session:
+    for table, seed in ((HOMOGENEOUS, False), (SEED_CLUSTER, True)):
+        wanted = [w for w in workloads if w in table]
+        if not wanted:
+            continue
+        with module.session(seed=seed) as session:
             warm_up(session)
-            for name in plain:
-                metrics.update(HOMOGENEOUS[name](session, sizes))
-    if "seed" in workloads:
-        with module.session(seed=True) as session:
-            warm_up(session)
-            metrics.update(seed(session, sizes))
+            for name in wanted:
+                metrics.update(table[name](session, sizes))
     return metrics
 
 

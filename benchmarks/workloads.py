@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from benchmarks import dask_workloads
+
 # ----------------------------------------------------------------------------- task functions
 
 
@@ -44,6 +46,9 @@ class Sizes:
     latency: int = 200
     sched_tasks: int = 100_000
     sched_workers: int = 1_000
+    dask_chunks: int = 10_000  # the array reduction's chunks
+    dask_gpu_chunks: int = 1_000  # the annotated map_blocks' chunks
+    dask_partitions: int = 100  # the groupby's partitions (a day of data each)
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -54,6 +59,9 @@ class Sizes:
             latency=100,
             sched_tasks=20_000,
             sched_workers=200,
+            dask_chunks=2_000,
+            dask_gpu_chunks=200,
+            dask_partitions=20,
         )
 
 
@@ -84,6 +92,8 @@ class Session(Protocol):
     def gather(self, futures: list[Any]) -> list[Any]: ...
 
     def result(self, future: Any) -> Any: ...
+
+    def compute(self, *collections: Any) -> tuple: ...
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -153,8 +163,17 @@ HOMOGENEOUS: dict[str, Callable[[Session, Sizes], dict[str, float]]] = {
     "tiny": tiny,
     "chain": chain,
     "latency": latency,
+    "dask_array": dask_workloads.dask_array,
+    "dask_groupby": dask_workloads.dask_groupby,
 }
-CLUSTER_WORKLOADS = ("tiny", "seed", "chain", "latency")
+# On the seed pipeline's cluster (workers with resources).
+SEED_CLUSTER: dict[str, Callable[[Session, Sizes], dict[str, float]]] = {
+    "seed": seed,
+    "dask_gpu": dask_workloads.dask_gpu,
+}
+# Dask collections: only on systems whose session computes them (see FuturesSession).
+DASK_WORKLOADS = ("dask_array", "dask_gpu", "dask_groupby")
+CLUSTER_WORKLOADS = ("tiny", "seed", "chain", "latency", *DASK_WORKLOADS)
 ALL_WORKLOADS = (*CLUSTER_WORKLOADS, "cold_start", "scheduler")
 
 
@@ -175,6 +194,9 @@ METRICS: list[Metric] = [
     Metric("latency_p99_ms", "latency p99", "ms", False, 2.0),
     Metric("cold_start_s", "cold start (process start to 4 workers)", "s", False, 1.0),
     Metric("cold_start_in_process_s", "cold start, cluster+client only", "s", False, None),
+    Metric("dask_array_reduction_s", "dask array: sum of 10,000 chunks", "s", False, None),
+    Metric("dask_gpu_map_blocks_s", "dask array: GPU-annotated map_blocks", "s", False, None),
+    Metric("dask_groupby_agg_s", "dask dataframe: groupby().agg()", "s", False, None),
     Metric("sched_placements_per_s", "scheduler-only placements", "placements/s", True, 200_000),
     Metric(
         "sched_bytes_per_pending_task", "scheduler-only memory per pending task", "B", False, None

@@ -13,6 +13,9 @@ from apportion import Client, LocalCluster
 from benchmarks.systems.futures_session import FuturesSession
 from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes
 
+# Dask collections run through the client (benchmarks/dask_workloads.py).
+COMPUTES_DASK_COLLECTIONS = True
+
 
 def version() -> str:
     return getattr(apportion, "__version__", "dev")

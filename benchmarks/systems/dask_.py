@@ -17,6 +17,9 @@ from distributed import Client, Nanny, Scheduler, SpecCluster
 from benchmarks.systems.futures_session import FuturesSession
 from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes
 
+# Dask collections run through the client (benchmarks/dask_workloads.py).
+COMPUTES_DASK_COLLECTIONS = True
+
 
 def version() -> str:
     return distributed.__version__

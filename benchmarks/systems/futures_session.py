@@ -30,3 +30,9 @@ class FuturesSession:
 
     def result(self, future: Any) -> Any:
         return future.result()
+
+    def compute(self, *collections: Any) -> tuple:
+        """Dask collections, optimized by Dask and run through the client's ``get``."""
+        import dask
+
+        return dask.compute(*collections, scheduler=self.client.get)

@@ -1,0 +1,70 @@
+"""Data in and out without a task of the user's: ``scatter`` and ``fire_and_forget``."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from apportion.serialize import dumps_value, tokenize
+
+if TYPE_CHECKING:
+    from apportion.client import Client
+    from apportion.futures import Future
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def scatter(client: Client, data: Any, broadcast: bool = False) -> Any:
+    """Futures of local data: a list gives a list, a dict a dict (same keys), else one.
+
+    Each value travels with a task through the scheduler to one worker (so it is bound
+    by ``comm.max-frame-bytes``); its key is a hash of the value, so scattering equal data
+    twice gives the same future. Tasks on other workers fetch it from that worker when
+    they need it: ``broadcast`` is accepted for Dask compatibility and changes nothing.
+    """
+    del broadcast
+    if isinstance(data, dict):
+        values = list(data.values())
+    elif isinstance(data, (list, tuple)):
+        values = list(data)
+    else:
+        values = [data]
+    keys = [f"{type(v).__name__}-{tokenize(dumps_value(v))}" for v in values]
+    futures = client.map(_identity, values, key=keys)
+    if isinstance(data, dict):
+        return dict(zip(data, futures, strict=True))
+    if isinstance(data, (list, tuple)):
+        return type(data)(futures)
+    return futures[0]
+
+
+class _Held:
+    """Futures kept alive until their tasks are done."""
+
+    def __init__(self) -> None:
+        self._futures: dict[int, Future] = {}
+        self._lock = threading.Lock()
+
+    def add(self, future: Future) -> None:
+        with self._lock:
+            self._futures[id(future)] = future
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Future) -> None:
+        with self._lock:
+            self._futures.pop(id(future), None)
+
+
+_held = _Held()
+
+
+def fire_and_forget(futures: Any) -> None:
+    """Let tasks run to completion even when their futures are dropped (a future, or a
+    list/dict/nesting of them). The client keeps each until its task is done, then
+    releases the result; closing the client still cancels what is left."""
+    from apportion.client import _collect_futures
+
+    for future in _collect_futures(futures):
+        _held.add(future)
