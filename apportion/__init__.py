@@ -17,6 +17,7 @@ from apportion.errors import (
 )
 from apportion.futures import FIRST_COMPLETED, Future, as_completed, wait
 from apportion.local import LocalCluster
+from apportion.progress import progress
 from apportion.worker.context import TaskInfo, WorkerInfo, get_worker
 
 __version__ = "0.1.0"
@@ -37,5 +38,6 @@ __all__ = [
     "as_completed",
     "config",
     "get_worker",
+    "progress",
     "wait",
 ]

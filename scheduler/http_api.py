@@ -11,6 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import tornado.web
+from apportion.scheduler.dashboard_routes import observability_routes
 from apportion.scheduler.validation import check_retire
 
 from apportion.protocol import Message, ProtocolError
@@ -59,7 +60,12 @@ def status_app(scheduler: Scheduler) -> tornado.web.Application:
             self.write(json.dumps(body))
 
     return tornado.web.Application(
-        [(r"/health", Health), (r"/api/v1/info", Info), (r"/api/v1/retire", Retire)]
+        [
+            (r"/health", Health),
+            (r"/api/v1/info", Info),
+            (r"/api/v1/retire", Retire),
+            *observability_routes(scheduler),
+        ]
     )
 
 

@@ -1,0 +1,228 @@
+"""The dashboard: what the scheduler knows, drawn around resources.
+
+``view()`` is a pure function of the scheduler's state and event log to plain data;
+the templates in ``templates/`` turn it into HTML, on the server. The page loads the
+sections once and then receives them again, rendered, through server-sent events
+(``/dashboard/events``): the browser's script only swaps them in. One rendering is
+shared by every open page per tick, and none is made while no page is open.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import tornado.template
+from apportion.scheduler.events import EventLog, key_prefix
+from apportion.scheduler.placement import explain_no_worker
+
+from apportion.resources import format_resources
+
+if TYPE_CHECKING:
+    from apportion.scheduler.model import TaskState, WorkerState
+    from apportion.scheduler.state import SchedulerState
+
+# Resources with at most this many whole units are drawn unit by unit (GPU #0, #1...).
+MAX_DRAWN_UNITS = 64
+# The task stream shows this many seconds and at most this many runs.
+STREAM_SECONDS = 20.0
+STREAM_RUNS = 400
+# Seconds between updates pushed to an open page.
+PUSH_INTERVAL = 0.5
+
+WAITING_STATES = frozenset({"released", "waiting", "queued", "no-worker"})
+TEMPLATES = tornado.template.Loader(str(Path(__file__).with_name("templates")))
+SECTIONS = ("summary", "workers", "waiting", "progress", "stream", "events")
+
+
+@dataclass
+class Unit:
+    index: int
+    task: str | None  # the key of the task holding it
+
+
+@dataclass
+class ResourceView:
+    name: str
+    total: float
+    used: float
+    units: list[Unit] | None  # for whole-number resources small enough to draw
+
+    @property
+    def free(self) -> float:
+        return self.total - self.used
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.used / self.total if self.total else 0.0
+
+
+@dataclass
+class WorkerView:
+    name: str
+    address: str
+    nthreads: int
+    running: list[str]
+    retiring: bool
+    results: int
+    resources: list[ResourceView] = field(default_factory=list)
+
+
+@dataclass
+class PrefixProgress:
+    prefix: str
+    waiting: int = 0
+    processing: int = 0
+    memory: int = 0  # runs finished
+    erred: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.waiting + self.processing + self.memory + self.erred
+
+
+def worker_view(ws: WorkerState) -> WorkerView:
+    running = [ts for ts in ws.processing.values() if ts.processing_on is ws]
+    view = WorkerView(
+        ws.name,
+        ws.address,
+        ws.nthreads,
+        [ts.key for ts in running],
+        ws.retiring,
+        len(ws.has_what),
+    )
+    for name, total in sorted(ws.total.items()):
+        units = None
+        if float(total).is_integer() and 0 < total <= MAX_DRAWN_UNITS:
+            units = _units(name, int(total), ws.processing.values())
+        view.resources.append(ResourceView(name, total, ws.used.get(name, 0), units))
+    return view
+
+
+def _units(name: str, total: int, runs: Any) -> list[Unit]:
+    """One entry per unit, each taken by a run holding some of this resource, in the order
+    the runs were assigned. (The worker picks the actual unit numbers; a run's numbers are
+    in the task stream once it ends.)"""
+    units = [Unit(i, None) for i in range(total)]
+    taken = 0
+    for ts in runs:
+        amount = dict(ts.shape).get(name, 0)
+        for _ in range(int(amount)):
+            if taken < total:
+                units[taken].task = ts.key
+                taken += 1
+    return units
+
+
+def progress(state: SchedulerState, events: EventLog | None) -> list[PrefixProgress]:
+    """Per task name prefix: tasks waiting and running now, runs finished and failed so far."""
+    rows: dict[str, PrefixProgress] = {}
+    tasks: dict[str, TaskState] = state.tasks
+    for ts in tasks.values():
+        if ts.state in WAITING_STATES:
+            row = _row(rows, ts.key)
+            row.waiting += 1
+        elif ts.state == "processing":
+            _row(rows, ts.key).processing += 1
+    if events is not None:
+        events.fold()
+        for prefix, outcomes in events.outcomes.items():
+            row = rows.get(prefix) or rows.setdefault(prefix, PrefixProgress(prefix))
+            row.memory += outcomes.get("memory", 0)
+            row.erred += outcomes.get("erred", 0)
+    return sorted(rows.values(), key=lambda r: r.prefix)
+
+
+def _row(rows: dict[str, PrefixProgress], key: str) -> PrefixProgress:
+    prefix = key_prefix(key)
+    row = rows.get(prefix)
+    if row is None:
+        row = rows[prefix] = PrefixProgress(prefix)
+    return row
+
+
+def view(state: SchedulerState, events: EventLog | None, address: str) -> dict[str, Any]:
+    """Everything the page shows, as plain data."""
+    now = time.time()
+    workers = [worker_view(ws) for ws in state.workers.values()]
+    queued = [
+        {"resources": format_resources(dict(shape)), "tasks": n}
+        for shape, n in sorted(state.ready.counts().items())
+    ]
+    no_worker = [
+        {
+            "resources": format_resources(dict(shape)),
+            "tasks": len(tasks),
+            "why": explain_no_worker(shape, state.workers.values()),
+        }
+        for shape, tasks in sorted(state.no_worker.items())
+    ]
+    runs = []
+    worker_events = []
+    if events is not None:
+        runs = [r for r in list(events.stream)[-STREAM_RUNS:] if r.stop >= now - STREAM_SECONDS]
+        worker_events = list(events.workers)[-30:][::-1]
+    return {
+        "address": address,
+        "now": now,
+        "workers": workers,
+        "clients": len(state.clients),
+        "tasks": len(state.tasks),
+        "queued": queued,
+        "no_worker": no_worker,
+        "progress": progress(state, events),
+        "runs": runs,
+        "stream_seconds": STREAM_SECONDS,
+        "worker_events": worker_events,
+        "recorded": events.recorded if events is not None else 0,
+    }
+
+
+def render_sections(data: dict[str, Any]) -> dict[str, str]:
+    """Each section of the page, rendered to HTML."""
+    return {
+        name: TEMPLATES.load(f"{name}.html").generate(**data, **HELPERS).decode()
+        for name in SECTIONS
+    }
+
+
+def render_page(data: dict[str, Any]) -> bytes:
+    return TEMPLATES.load("dashboard.html").generate(
+        sections=render_sections(data), address=data["address"], interval=PUSH_INTERVAL
+    )
+
+
+def _amount(value: float) -> str:
+    return format_resources({"x": value})[2:] if value else "0"
+
+
+def _color(prefix: str) -> str:
+    """A stable colour per task name prefix."""
+    hue = sum(ord(c) * 31**i for i, c in enumerate(prefix[:16])) % 360
+    return f"hsl({hue}, 60%, 55%)"
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when))
+
+
+HELPERS = {"amount": _amount, "clock": _clock, "color": _color, "prefix_of": key_prefix}
+
+
+class SharedRendering:
+    """One rendering per ``PUSH_INTERVAL``, whatever the number of open pages."""
+
+    def __init__(self, make: Any, clock: Any = time.monotonic) -> None:
+        self.make = make
+        self.clock = clock
+        self._at = -1e9
+        self._sections: dict[str, str] = {}
+
+    def sections(self) -> dict[str, str]:
+        now = self.clock()
+        if now - self._at >= PUSH_INTERVAL * 0.9:
+            self._sections = render_sections(self.make())
+            self._at = now
+        return self._sections
