@@ -14,6 +14,7 @@ from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.validation import (
     check_key,
     check_keys,
+    check_lines,
     check_retire,
     check_run_id,
     check_submit,
@@ -22,6 +23,7 @@ from tornado.ioloop import PeriodicCallback
 from tornado.netutil import bind_sockets
 
 from apportion import config
+from apportion.logs import keep_recent_lines, recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError
 from apportion.protocol.comm import format_address, refuse
 from apportion.resources import validate
@@ -69,6 +71,7 @@ class Scheduler:
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Scheduler:
+        keep_recent_lines()
         port = await self.listener.listen_on(self.host, self.requested_port)
         self.address = format_address(
             self.host if self.host not in ("", "0.0.0.0") else _contact_host(), port
@@ -76,8 +79,11 @@ class Scheduler:
         if self.http_port is not None:
             sockets = bind_sockets(self.http_port, address=self.host or None)
             # Imported here: tornado.web adds ~35 ms to a start that does not serve HTTP.
+            from apportion.scheduler.events import EventLog
             from apportion.scheduler.http_api import status_app
             from tornado.httpserver import HTTPServer
+
+            self.state.events = EventLog()  # someone can look: record for the dashboard
 
             self._http = HTTPServer(status_app(self))
             self._http.add_sockets(sockets)
@@ -220,6 +226,7 @@ class Scheduler:
         elif op == "info":
             reply: dict[str, Any] = self.state.info()
             reply.update(address=self.address, id=message["id"], op="info-reply")
+            reply["http_port"] = self.http_port
             if message.get("check"):
                 reply["problems"] = self.violations + self.state.check_invariants()
             comm.send(reply)
@@ -231,6 +238,9 @@ class Scheduler:
                 self.state.retire_workers(client, message["id"], names, count)
             except ValueError as exc:  # unknown names: the caller's mistake, not the protocol's
                 comm.send({"op": "retire-reply", "id": message["id"], "error": str(exc)})
+        elif op == "logs":
+            lines = recent_lines(check_lines(message.get("n")))
+            comm.send({"op": "logs-reply", "id": message["id"], "lines": lines})
         elif op == "close":
             comm.close("client closed")
         else:
