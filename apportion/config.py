@@ -57,6 +57,8 @@ DEFAULTS: dict[str, Any] = {
         # Connect to the workers holding results, which then tell this client of results
         # it waits for themselves: one hop fewer than through the scheduler.
         "direct-results": True,
+        # Print what tasks print (stdout, stderr, warnings) here, prefixed with the worker.
+        "forward-output": True,
     },
     "comm": {
         "max-frame-bytes": 1 << 30,
