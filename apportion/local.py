@@ -20,6 +20,7 @@ from apportion import config
 from apportion.auth import TOKEN_ENV, generate_token
 from apportion.backoff import RestartBackoff
 from apportion.process import PARENT_PID_ENV
+from apportion.reprs import dashboard_link, summary_html
 from apportion.resources import format_resources, validate
 
 logger = logging.getLogger("apportion.local")
@@ -273,6 +274,16 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard, signed in (only with ``http_port``: e.g. ``http_port=0``)."""
+        return dashboard_link(self.scheduler_address, self.http_port, self.token)
+
+    def _repr_html_(self) -> str:
+        specs = {s["name"]: {"name": s["name"], **s} for s in self._specs}
+        info = {"workers": specs, "clients": 0, "tasks": {}}
+        return summary_html("LocalCluster", self.scheduler_address, self.dashboard_link, info)
 
     def __repr__(self) -> str:
         parts = ", ".join(
