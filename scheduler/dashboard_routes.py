@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 import tornado.web
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from apportion.scheduler.server import Scheduler
 
 COOKIE = "apportion-token"
+access = logging.getLogger("tornado.access")
 
 LOGIN_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8">
 <title>apportion: sign in</title></head>
@@ -122,3 +124,17 @@ def observability_routes(scheduler: Scheduler) -> list[tuple[str, Any]]:
         (r"/dashboard/login", Page),
         (r"/dashboard/events", Events),
     ]
+
+
+def access_log(handler: tornado.web.RequestHandler) -> None:
+    """Requests that went well at DEBUG: scrapes and open pages would otherwise fill the
+    scheduler's log (and its kept recent lines) with one line every few seconds."""
+    status = handler.get_status()
+    level = logging.DEBUG if status < 400 else logging.WARNING
+    access.log(
+        level,
+        "%d %s %.2fms",
+        status,
+        handler._request_summary(),
+        1000.0 * handler.request.request_time(),
+    )

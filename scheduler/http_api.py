@@ -11,7 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import tornado.web
-from apportion.scheduler.dashboard_routes import observability_routes
+from apportion.scheduler.dashboard_routes import access_log, observability_routes
 from apportion.scheduler.validation import check_retire
 
 from apportion.protocol import Message, ProtocolError
@@ -65,7 +65,8 @@ def status_app(scheduler: Scheduler) -> tornado.web.Application:
             (r"/api/v1/info", Info),
             (r"/api/v1/retire", Retire),
             *observability_routes(scheduler),
-        ]
+        ],
+        log_function=access_log,
     )
 
 
