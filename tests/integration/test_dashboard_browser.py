@@ -1,0 +1,135 @@
+"""The dashboard in a real browser: Debian's chromium, driven by its chromedriver.
+
+Loads the page from ``client.dashboard_link`` while GPU tasks run, checks what it
+shows as the server pushes updates, and saves a screenshot
+(``APPORTION_DASHBOARD_SCREENSHOT`` names where; the README's is made this way).
+``tests/system-deps/chromium.sh`` installs the browser.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apportion import Client, LocalCluster
+from tests.conftest import wait_until
+from tests.integration.tasks import wait_for_file
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+pytestmark = pytest.mark.skipif(
+    not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+    reason="needs chromium and chromedriver: bash tests/system-deps/chromium.sh",
+)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def train(path: str, step: int) -> int:
+    print(f"step {step} waits for {path}")
+    return wait_for_file(path) and step
+
+
+def text_of(browser: Any, css: str) -> str:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return str(browser.find_element("css selector", css).text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""  # not drawn yet, or replaced by a pushed update meanwhile: look again
+
+
+def test_dashboard_shows_gpus_in_use_on_the_right_worker(browser: Any, tmp_path: Path) -> None:
+    workers = [
+        {"name": "gpu-a", "nthreads": 4, "resources": {"GPU": 2}},
+        {"name": "cpu", "nthreads": 2, "resources": {}},
+    ]
+    gate = str(tmp_path / "go")
+    with LocalCluster(workers=workers, http_port=0) as cluster, Client(cluster) as client:
+        browser.get(client.dashboard_link)
+        assert browser.current_url.endswith("/dashboard")  # signed in; the token is gone
+        gpu = '[data-worker="gpu-a"] [data-resource="GPU"]'
+        assert "0/2 in use" in text_of(browser, f"{gpu} .usage")
+
+        # Two GPU tasks run on gpu-a, one waits for a GPU, one needs more than any worker.
+        running = [
+            client.submit(train, gate, step, resources={"GPU": 1}, key=f"train-{step}")
+            for step in range(3)
+        ]
+        impossible = client.submit(train, gate, 99, resources={"GPU": 8}, key="train-huge")
+        done = client.map(pow, range(20), [2] * 20)
+        client.gather(done)
+
+        # Pushed by the server, without reloading the page.
+        wait_until(
+            lambda: "2/2 in use" in text_of(browser, f"{gpu} .usage"), what="GPU 2/2 on gpu-a"
+        )
+        units = browser.find_elements("css selector", f"{gpu} .unit.busy")
+        assert sorted(u.get_attribute("title") for u in units) in (
+            ["train-0", "train-1"],
+            ["train-0", "train-2"],
+            ["train-1", "train-2"],
+        )
+        assert "0/" not in text_of(browser, '[data-worker="cpu"]')  # declares no GPU
+        waiting = text_of(browser, "#waiting")
+        wait_until(lambda: "GPU=8" in text_of(browser, "#waiting"), what="the no-worker demand")
+        waiting = text_of(browser, "#waiting")
+        assert "GPU=1" in waiting and "queued" in waiting
+        assert "no live worker has GPU=8" in waiting
+        wait_until(lambda: "20" in text_of(browser, '[data-prefix="pow"]'), what="pow's progress")
+        assert "gpu-a" in text_of(browser, "#events") and "joined" in text_of(browser, "#events")
+        screenshot = os.environ.get("APPORTION_DASHBOARD_SCREENSHOT") or str(
+            tmp_path / "dashboard.png"
+        )
+        assert browser.save_screenshot(screenshot)
+        assert Path(screenshot).stat().st_size > 10_000
+
+        Path(gate).touch()
+        client.gather(running)
+        wait_until(lambda: "0/2 in use" in text_of(browser, f"{gpu} .usage"), what="GPUs released")
+        wait_until(
+            lambda: "GPU #" in text_of(browser, "#stream"), what="unit numbers in the task stream"
+        )
+        client.cancel([impossible])
+        assert client.check_invariants() == []
+
+
+def test_dashboard_without_the_token_shows_the_login_form(browser: Any) -> None:
+    with LocalCluster(n_workers=1, http_port=0) as cluster:
+        browser.get(f"http://127.0.0.1:{cluster.http_port}/dashboard")
+        assert "Enter the cluster's token" in browser.page_source
+        field = browser.find_element("css selector", "input[name=token]")
+        field.send_keys(cluster.token)
+        field.submit()
+        wait_until(lambda: 'data-worker="' in browser.page_source, what="the dashboard after login")
