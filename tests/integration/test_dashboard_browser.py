@@ -61,6 +61,13 @@ def train(path: str, step: int) -> int:
     return wait_for_file(path) and step
 
 
+def nap(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
 def text_of(browser: Any, css: str) -> str:
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
@@ -90,6 +97,8 @@ def test_dashboard_shows_gpus_in_use_on_the_right_worker(browser: Any, tmp_path:
         impossible = client.submit(train, gate, 99, resources={"GPU": 8}, key="train-huge")
         done = client.map(pow, range(20), [2] * 20)
         client.gather(done)
+        naps = client.map(nap, [0.05 * (i % 5 + 1) for i in range(12)], key="preprocess")
+        client.gather(naps)
 
         # Pushed by the server, without reloading the page.
         wait_until(
