@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from apportion.operator import kube
+from apportion.operator import kube, metrics
 from apportion.operator.autoscale import Scaling, decide, observe, unmet_demand
 from apportion.operator.manifests import (
     GROUP,
@@ -53,12 +53,14 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 def on_change(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    reconcile(body, patch)
+    with metrics.reconciling():
+        reconcile(body, patch)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL)
 def on_timer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    reconcile(body, patch)
+    with metrics.reconciling():
+        reconcile(body, patch)
 
 
 def _now() -> str:
@@ -76,6 +78,7 @@ def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     try:
         spec = parse(name, namespace, body.get("spec") or {}, default_image)
     except InvalidSpec as problem:
+        metrics.invalid()
         if previous.get("phase") != "Invalid" or previous.get("observedGeneration") != generation:
             kopf.warn(body, reason="InvalidSpec", message=str(problem))
         _write_status(patch, previous, invalid_status(str(problem), previous, generation, _now()))
@@ -134,6 +137,7 @@ def _autoscale(
     for group, reason in decision.reasons.items():
         if decision.targets[group] != desired[group]:
             verb = "ScaledUp" if decision.targets[group] > desired[group] else "ScaledDown"
+            metrics.scaled(spec.name, group, desired[group], decision.targets[group])
             kopf.event(
                 owner,
                 type="Normal",
