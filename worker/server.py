@@ -249,7 +249,7 @@ class Worker:
     def _send_heartbeat(self) -> None:
         self._start_ready()  # books runs reported by their threads while the loop slept
         if self.scheduler is not None and not self.scheduler.closed:
-            self.scheduler.send({"op": "heartbeat"})
+            self.scheduler.send({"op": "heartbeat", **output.units_held(self.tasks.values())})
 
     def _send(self, message: Message) -> None:
         if self.scheduler is not None and not self.scheduler.closed:
