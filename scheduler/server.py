@@ -155,6 +155,8 @@ class Scheduler:
                 op = message["op"]
                 if op == "heartbeat":
                     self.state.handle_heartbeat(address)
+                    if self.state.events is not None:
+                        self.state.events.heartbeat(address, message.get("units"))
                     continue
                 if op == "goodbye":
                     reason, expected = f"worker left: {message.get('reason')}", True
