@@ -9,6 +9,7 @@ shared by every open page per tick, and none is made while no page is open.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,10 @@ SECTIONS = ("summary", "workers", "waiting", "progress", "stream", "events")
 @dataclass
 class Unit:
     index: int
-    task: str | None  # the key of the task holding it
+    task: str | None = None  # the key of the task holding it
+    # The worker said this task holds this very unit (its last heartbeat); otherwise the
+    # task holds one of the resource's units not yet reported.
+    reported: bool = False
 
 
 @dataclass
@@ -83,7 +87,7 @@ class PrefixProgress:
         return self.waiting + self.processing + self.memory + self.erred
 
 
-def worker_view(ws: WorkerState) -> WorkerView:
+def worker_view(ws: WorkerState, held: dict[int, dict[str, list[int]]] | None = None) -> WorkerView:
     running = [ts for ts in ws.processing.values() if ts.processing_on is ws]
     view = WorkerView(
         ws.name,
@@ -96,23 +100,31 @@ def worker_view(ws: WorkerState) -> WorkerView:
     for name, total in sorted(ws.total.items()):
         units = None
         if float(total).is_integer() and 0 < total <= MAX_DRAWN_UNITS:
-            units = _units(name, int(total), ws.processing.values())
+            units = _units(name, int(total), ws, held or {})
         view.resources.append(ResourceView(name, total, ws.used.get(name, 0), units))
     return view
 
 
-def _units(name: str, total: int, runs: Any) -> list[Unit]:
-    """One entry per unit, each taken by a run holding some of this resource, in the order
-    the runs were assigned. (The worker picks the actual unit numbers; a run's numbers are
-    in the task stream once it ends.)"""
-    units = [Unit(i, None) for i in range(total)]
-    taken = 0
-    for ts in runs:
-        amount = dict(ts.shape).get(name, 0)
-        for _ in range(int(amount)):
-            if taken < total:
-                units[taken].task = ts.key
-                taken += 1
+def _units(
+    name: str, total: int, ws: WorkerState, held: dict[int, dict[str, list[int]]]
+) -> list[Unit]:
+    """One entry per unit of a resource, with the run holding it. The worker picks the
+    unit numbers and reports them with its heartbeat (``held``: run id -> units); a run
+    started since then takes the first units not reported taken, for now."""
+    units = [Unit(i) for i in range(total)]
+    unreported: list[tuple[str, int]] = []
+    for run_id, ts in ws.processing.items():
+        amount = int(dict(ts.shape).get(name, 0))
+        if not amount:
+            continue
+        numbers = [i for i in held.get(run_id, {}).get(name, ()) if 0 <= i < total]
+        for i in numbers:
+            units[i].task, units[i].reported = ts.key, True
+        unreported.append((ts.key, amount - len(numbers)))
+    free = (u for u in units if u.task is None)
+    for key, amount in unreported:
+        for unit in itertools.islice(free, amount):
+            unit.task = key
     return units
 
 
@@ -146,7 +158,8 @@ def _row(rows: dict[str, PrefixProgress], key: str) -> PrefixProgress:
 def view(state: SchedulerState, events: EventLog | None, address: str) -> dict[str, Any]:
     """Everything the page shows, as plain data."""
     now = time.time()
-    workers = [worker_view(ws) for ws in state.workers.values()]
+    held = events.units if events is not None else {}
+    workers = [worker_view(ws, held.get(ws.address)) for ws in state.workers.values()]
     queued = [
         {"resources": format_resources(dict(shape)), "tasks": n}
         for shape, n in sorted(state.ready.counts().items())

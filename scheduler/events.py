@@ -101,6 +101,9 @@ class EventLog:
         self.outcomes: dict[str, dict[str, int]] = {}
         # Dependencies workers fetched from other workers, as the runs report them.
         self.transfers = 0
+        # Per worker address, the unit numbers its running tasks held at its last
+        # heartbeat: run id -> {"GPU": [1]}.
+        self.units: dict[str, dict[int, dict[str, list[int]]]] = {}
         # Runs ever recorded: lets a reader ask for only what is new (see runs_since).
         self.recorded = 0
 
@@ -120,6 +123,13 @@ class EventLog:
             self.transfers += fetched
         if len(self._unfolded) >= FOLD_EVERY:
             self.fold()
+
+    def heartbeat(self, address: str, units: list[list[Any]] | None) -> None:
+        """A worker's heartbeat: the unit numbers its running tasks hold, by run id."""
+        if units:
+            self.units[address] = {int(run_id): held for run_id, held in units}
+        else:
+            self.units.pop(address, None)
 
     def worker_joined(self, name: str, detail: str) -> None:
         self.workers.append(WorkerEvent(self.clock(), "joined", name, detail))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any, TextIO
 
 # Text a run may send back; beyond it the rest is cut with a note.
@@ -78,6 +79,13 @@ def end() -> list[list[str]]:
             captured.append(["stderr", f"\n[output cut at {MAX_OUTPUT_CHARS:,} characters]\n"])
             break
     return captured
+
+
+def units_held(tasks: Iterable[Any]) -> dict[str, Any]:
+    """For the heartbeat: ``{"units": [[run_id, {"GPU": [1]}], ...]}`` for the running
+    tasks holding numbered units (the dashboard shows who holds which); empty if none."""
+    held = [[t.run_id, t.units] for t in list(tasks) if t.state == "running" and t.units]
+    return {"units": held} if held else {}
 
 
 def add_run_report(

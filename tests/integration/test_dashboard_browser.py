@@ -8,6 +8,7 @@ shows as the server pushes updates, and saves a screenshot
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -57,7 +58,15 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 
 
 def train(path: str, step: int) -> int:
-    print(f"step {step} waits for {path}")
+    import json
+
+    from apportion import get_worker
+
+    task = get_worker().task
+    assert task is not None
+    # What the worker granted, for the test to compare with the page.
+    with open(f"{path}.units-{task.key}", "w") as f:
+        json.dump(task.units, f)
     return wait_for_file(path) and step
 
 
@@ -105,11 +114,17 @@ def test_dashboard_shows_gpus_in_use_on_the_right_worker(browser: Any, tmp_path:
             lambda: "2/2 in use" in text_of(browser, f"{gpu} .usage"), what="GPU 2/2 on gpu-a"
         )
         units = browser.find_elements("css selector", f"{gpu} .unit.busy")
-        assert sorted(u.get_attribute("title") for u in units) in (
-            ["train-0", "train-1"],
-            ["train-0", "train-2"],
-            ["train-1", "train-2"],
-        )
+        holders = sorted(u.get_attribute("title") for u in units)
+        assert holders in (["train-0", "train-1"], ["train-0", "train-2"], ["train-1", "train-2"])
+        # Each on the unit number the worker granted it, once its heartbeat told.
+        granted = {
+            json.loads(Path(f"{gate}.units-{key}").read_text())["GPU"][0]: key for key in holders
+        }
+        for number, key in granted.items():
+            wait_until(
+                lambda n=number, k=key: text_of(browser, f'{gpu} [data-unit="{n}"]') == f"#{n} {k}",
+                what=f"GPU #{number} shown held by {key}",
+            )
         assert "0/" not in text_of(browser, '[data-worker="cpu"]')  # declares no GPU
         waiting = text_of(browser, "#waiting")
         wait_until(lambda: "GPU=8" in text_of(browser, "#waiting"), what="the no-worker demand")

@@ -128,6 +128,23 @@ def test_dashboard_view_shows_units_held_waiting_demand_and_progress() -> None:
     assert (rows["train"].memory, rows["train"].processing, rows["train"].waiting) == (1, 2, 0)
 
 
+def test_dashboard_puts_each_run_on_the_units_its_worker_reported() -> None:
+    sim = gpu_sim()
+    events = sim.state.events
+    assert events is not None
+    _, run_1 = sim.run_of("train-1")
+    events.heartbeat("gpu-a", [[run_1, {"GPU": [0]}]])  # train-0 not reported yet
+    (gpu,) = dashboard.view(sim.state, events, "x")["workers"][0].resources
+    assert [(u.index, u.task, u.reported) for u in gpu.units] == [
+        (0, "train-1", True),
+        (1, "train-0", False),
+    ]
+    html = dashboard.render_sections(dashboard.view(sim.state, events, "x"))["workers"]
+    assert "#0 train-1" in html and "#1 train-0" not in html
+    events.heartbeat("gpu-a", None)  # nothing holds units any more
+    assert events.units == {}
+
+
 def test_dashboard_sections_render_the_view_and_escape_task_names() -> None:
     sim = gpu_sim()
     sim.submit("<script>alert(1)</script>-1", resources={"GPU": 1})
