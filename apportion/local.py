@@ -290,7 +290,11 @@ class LocalCluster:
             f"{n}({format_resources(s['resources'])})"
             for n, s in ((s["name"], s) for s in self._specs)
         )
-        return f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers: {parts}>"
+        port = getattr(self, "http_port", None)
+        dashboard = f" dashboard: http://{self.host}:{port}/dashboard" if port else ""
+        return (
+            f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers: {parts}{dashboard}>"
+        )
 
 
 def _terminate(scheduler: subprocess.Popen, workers: dict[str, subprocess.Popen]) -> None:
