@@ -9,6 +9,9 @@ shared by every open page per tick, and none is made while no page is open.
 
 from __future__ import annotations
 
+import collections
+import functools
+import html
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -16,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tornado.template
-from apportion.scheduler.events import EventLog, key_prefix
+from apportion.scheduler.events import EventLog, TaskRun, key_prefix
 from apportion.scheduler.placement import explain_no_worker
 
 from apportion.resources import format_resources
@@ -29,9 +32,11 @@ if TYPE_CHECKING:
 MAX_DRAWN_UNITS = 64
 # The task stream shows this many seconds and at most this many runs.
 STREAM_SECONDS = 20.0
-STREAM_RUNS = 400
+STREAM_RUNS = 200
 # Seconds between updates pushed to an open page.
 PUSH_INTERVAL = 0.5
+# At most this share of the scheduler's time goes to rendering updates.
+RENDER_BUDGET = 0.02
 
 WAITING_STATES = frozenset({"released", "waiting", "queued", "no-worker"})
 TEMPLATES = tornado.template.Loader(str(Path(__file__).with_name("templates")))
@@ -128,31 +133,37 @@ def _units(
     return units
 
 
-def progress(state: SchedulerState, events: EventLog | None) -> list[PrefixProgress]:
-    """Per task name prefix: tasks waiting and running now, runs finished and failed so far."""
-    rows: dict[str, PrefixProgress] = {}
+Tally = collections.Counter  # (task name prefix, state, demand shape) -> tasks
+
+
+def tally(state: SchedulerState) -> Tally:
+    """Every task the scheduler knows, counted by name prefix, state and demand: one pass
+    (counted by C code) serves the progress and the queued demand."""
     tasks: dict[str, TaskState] = state.tasks
-    for ts in tasks.values():
-        if ts.state in WAITING_STATES:
-            row = _row(rows, ts.key)
-            row.waiting += 1
-        elif ts.state == "processing":
-            _row(rows, ts.key).processing += 1
+    return collections.Counter(
+        (ts.key.rpartition("-")[0] or ts.key, ts.state, ts.shape) for ts in tasks.values()
+    )
+
+
+def progress(
+    state: SchedulerState, events: EventLog | None, counted: Tally | None = None
+) -> list[PrefixProgress]:
+    """Per task name prefix: tasks waiting and running now, runs finished and failed so far."""
+    counted = tally(state) if counted is None else counted
+    rows: dict[str, PrefixProgress] = {}
+    for (prefix, task_state, _), n in counted.items():
+        row = rows.get(prefix) or rows.setdefault(prefix, PrefixProgress(prefix))
+        if task_state in WAITING_STATES:
+            row.waiting += n
+        elif task_state == "processing":
+            row.processing += n
     if events is not None:
-        events.fold()
         for prefix, outcomes in events.outcomes.items():
             row = rows.get(prefix) or rows.setdefault(prefix, PrefixProgress(prefix))
-            row.memory += outcomes.get("memory", 0)
-            row.erred += outcomes.get("erred", 0)
-    return sorted(rows.values(), key=lambda r: r.prefix)
-
-
-def _row(rows: dict[str, PrefixProgress], key: str) -> PrefixProgress:
-    prefix = key_prefix(key)
-    row = rows.get(prefix)
-    if row is None:
-        row = rows[prefix] = PrefixProgress(prefix)
-    return row
+            row.memory += outcomes["memory"]
+            row.erred += outcomes["erred"]
+    # Names with only results held (counted above as neither) and no runs seen: nothing to show.
+    return sorted((r for r in rows.values() if r.total), key=lambda r: r.prefix)
 
 
 def view(state: SchedulerState, events: EventLog | None, address: str) -> dict[str, Any]:
@@ -160,9 +171,14 @@ def view(state: SchedulerState, events: EventLog | None, address: str) -> dict[s
     now = time.time()
     held = events.units if events is not None else {}
     workers = [worker_view(ws, held.get(ws.address)) for ws in state.workers.values()]
+    counted = tally(state)
+    queued_by_shape: collections.Counter[Any] = collections.Counter()
+    for (_, task_state, shape), n in counted.items():
+        if task_state == "queued":
+            queued_by_shape[shape] += n
     queued = [
         {"resources": format_resources(dict(shape)), "tasks": n}
-        for shape, n in sorted(state.ready.counts().items())
+        for shape, n in sorted(queued_by_shape.items())
     ]
     no_worker = [
         {
@@ -175,7 +191,7 @@ def view(state: SchedulerState, events: EventLog | None, address: str) -> dict[s
     runs = []
     worker_events = []
     if events is not None:
-        runs = [r for r in list(events.stream)[-STREAM_RUNS:] if r.stop >= now - STREAM_SECONDS]
+        runs = [r for r in events.recent_runs(STREAM_RUNS) if r.stop >= now - STREAM_SECONDS]
         worker_events = list(events.workers)[-30:][::-1]
     return {
         "address": address,
@@ -185,7 +201,7 @@ def view(state: SchedulerState, events: EventLog | None, address: str) -> dict[s
         "tasks": len(state.tasks),
         "queued": queued,
         "no_worker": no_worker,
-        "progress": progress(state, events),
+        "progress": progress(state, events, counted),
         "runs": runs,
         "stream_seconds": STREAM_SECONDS,
         "worker_events": worker_events,
@@ -207,10 +223,47 @@ def render_page(data: dict[str, Any]) -> bytes:
     )
 
 
+def stream_svg(
+    runs: list[TaskRun], names: list[str], now: float, seconds: float, height: int = 22
+) -> str:
+    """The task stream as an SVG: a row per worker, a bar per run over the last
+    ``seconds``. Built here rather than in a template: it is the largest part of every
+    update, and only the task keys need escaping."""
+    row = {name: i for i, name in enumerate(names)}
+    size = max(1, len(names)) * height + 18
+    parts = [
+        f'<svg width="100%" height="{size}" viewBox="0 0 1000 {size}" preserveAspectRatio="none">'
+    ]
+    for i, name in enumerate(names):
+        parts.append(
+            f'<text x="2" y="{i * height + 15}" font-size="11" fill="#6b7480">'
+            f"{html.escape(name)}</text>"
+            f'<line x1="140" x2="1000" y1="{(i + 1) * height}" y2="{(i + 1) * height}" '
+            'stroke="#eef0f3"/>'
+        )
+    scale = 860 / seconds
+    for r in runs:
+        i = row.get(r.worker)
+        if i is None:
+            continue
+        x0 = 140 + max(0.0, 860 - (now - r.start) * scale)
+        x1 = 140 + max(0.0, 860 - (now - r.stop) * scale)
+        fill = "#c0392b" if r.state == "erred" else _color(r.prefix)
+        units = "".join(f" {res} #{','.join(map(str, n))}" for res, n in r.units.items())
+        parts.append(
+            f'<rect x="{x0:.1f}" y="{i * height + 3}" width="{max(1.0, x1 - x0):.1f}" '
+            f'height="{height - 6}" fill="{fill}"><title>{html.escape(r.key)} on '
+            f"{html.escape(r.worker)}{html.escape(units)}: {r.stop - r.start:.3f} s</title></rect>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def _amount(value: float) -> str:
     return format_resources({"x": value})[2:] if value else "0"
 
 
+@functools.lru_cache(maxsize=1024)
 def _color(prefix: str) -> str:
     """A stable colour per task name prefix."""
     hue = sum(ord(c) * 31**i for i, c in enumerate(prefix[:16])) % 360
@@ -221,21 +274,30 @@ def _clock(when: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(when))
 
 
-HELPERS = {"amount": _amount, "clock": _clock, "color": _color, "prefix_of": key_prefix}
+HELPERS = {
+    "amount": _amount,
+    "clock": _clock,
+    "color": _color,
+    "prefix_of": key_prefix,
+    "stream_svg": stream_svg,
+}
 
 
 class SharedRendering:
-    """One rendering per ``PUSH_INTERVAL``, whatever the number of open pages."""
+    """One rendering per ``PUSH_INTERVAL`` at most, whatever the number of open pages, and
+    rarer when a rendering takes long (a scheduler with very many tasks): the event loop
+    spends at most ``RENDER_BUDGET`` of its time on them."""
 
     def __init__(self, make: Any, clock: Any = time.monotonic) -> None:
         self.make = make
         self.clock = clock
-        self._at = -1e9
+        self._due = -1e9
         self._sections: dict[str, str] = {}
 
     def sections(self) -> dict[str, str]:
         now = self.clock()
-        if now - self._at >= PUSH_INTERVAL * 0.9:
+        if now >= self._due:
             self._sections = render_sections(self.make())
-            self._at = now
+            took = self.clock() - now
+            self._due = now + max(PUSH_INTERVAL * 0.9, took / RENDER_BUDGET)
         return self._sections

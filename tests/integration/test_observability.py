@@ -169,6 +169,7 @@ def test_reprs_name_workers_resources_and_the_dashboard(
     html = client._repr_html_()
     assert "gpu-a" in html and "GPU=2" in html and "/dashboard" in html
     assert "gpu-a" in cluster._repr_html_() and "/dashboard" in cluster._repr_html_()
+    assert f":{cluster.http_port}/dashboard" in repr(cluster) and cluster.token not in repr(cluster)
 
 
 def test_no_http_port_means_no_dashboard_link() -> None:

@@ -65,7 +65,8 @@ def test_event_log_folds_durations_into_histograms_only_when_read() -> None:
     assert log.ended == {"memory": 1, "erred": 1}
     assert log.outcomes["train"] == {"memory": 1, "erred": 1}
     assert log.transfers == 2
-    assert [r.key for r in log.runs_since(1)] == ["train-2"]
+    assert [r.key for r in log.recent_runs(1)] == ["train-2"]
+    assert log.recorded == 2
 
 
 # ---------------------------------------------------------------- state hooks
@@ -75,7 +76,7 @@ def test_state_records_runs_and_worker_changes_in_the_event_log() -> None:
     sim.remove_worker("cpu")
     events = sim.state.events
     assert events is not None
-    (run,) = events.stream
+    (run,) = events.recent_runs(10)
     assert (run.key, run.worker, run.state, run.units) == (
         "train-0",
         "gpu-a",
@@ -159,21 +160,35 @@ def test_dashboard_sections_render_the_view_and_escape_task_names() -> None:
     assert "EventSource" in page
 
 
-def test_shared_rendering_renders_once_per_interval_for_every_page() -> None:
+def test_shared_rendering_renders_once_per_interval_and_within_its_budget() -> None:
     now = [0.0]
+    cost = [0.0]  # seconds one rendering takes
     made = []
 
     def make() -> dict[str, Any]:
         made.append(1)
+        now[0] += cost[0]
         return dashboard.view(Sim().state, None, "x")
 
     shared = dashboard.SharedRendering(make, clock=lambda: now[0])
     shared.sections()
-    shared.sections()
+    shared.sections()  # a second page, the same tick: the same rendering
     assert len(made) == 1
     now[0] += dashboard.PUSH_INTERVAL
     shared.sections()
     assert len(made) == 2
+    # A scheduler with very many tasks: renderings take 0.1 s, so they come at most
+    # every 0.1 / RENDER_BUDGET seconds, not every PUSH_INTERVAL.
+    cost[0] = 0.1
+    now[0] += dashboard.PUSH_INTERVAL
+    shared.sections()
+    assert len(made) == 3
+    now[0] += 0.1 / dashboard.RENDER_BUDGET - 0.2
+    shared.sections()
+    assert len(made) == 3
+    now[0] += 0.2
+    shared.sections()
+    assert len(made) == 4
 
 
 # ----------------------------------------------------------------------- metrics
