@@ -32,11 +32,11 @@ if TYPE_CHECKING:
 MAX_DRAWN_UNITS = 64
 # The task stream shows this many seconds and at most this many runs.
 STREAM_SECONDS = 20.0
-STREAM_RUNS = 200
+STREAM_RUNS = 150
 # Seconds between updates pushed to an open page.
-PUSH_INTERVAL = 0.5
+PUSH_INTERVAL = 1.0
 # At most this share of the scheduler's time goes to rendering updates.
-RENDER_BUDGET = 0.02
+RENDER_BUDGET = 0.01
 
 WAITING_STATES = frozenset({"released", "waiting", "queued", "no-worker"})
 TEMPLATES = tornado.template.Loader(str(Path(__file__).with_name("templates")))
