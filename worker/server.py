@@ -54,6 +54,7 @@ class LocalTask:
         "deps",
         "epoch",
         "fetch_keys",
+        "fetched",
         "func",
         "key",
         "notify",
@@ -86,6 +87,7 @@ class LocalTask:
         # When it ran (wall clock) and what it printed: see worker/output.py.
         self.start = self.stop = 0.0
         self.output: list[list[str]] | None = None
+        self.fetched = 0
 
 
 class Worker:
@@ -532,6 +534,7 @@ class Worker:
         """Runs in a task thread: returns (ok, value, pickled, traceback)."""
         context = TaskInfo(task.key, dict(task.shape), task.units)
         task.start = output.begin()
+        task.fetched = len(task.fetch_keys)  # _drop forgets them before the loop reports
         try:
             value = self._call(task.func, task.args, context)
             payload = dumps_value(value)
@@ -697,7 +700,7 @@ def _erred_message(task: LocalTask, exception: bytes, traceback: str) -> Message
 
 def _with_report(message: Message, task: LocalTask) -> Message:
     return output.add_run_report(
-        message, task.start, task.stop, task.units, len(task.fetch_keys), task.output
+        message, task.start, task.stop, task.units, task.fetched, task.output
     )
 
 
