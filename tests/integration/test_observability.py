@@ -17,7 +17,7 @@ from tests.integration.tasks import wait_for_file
 
 WORKERS = [
     {"name": "gpu-a", "nthreads": 4, "resources": {"GPU": 2}},
-    {"name": "cpu", "nthreads": 2, "resources": {}},
+    {"name": "cpu", "nthreads": 2, "resources": {"CPU-ONLY": 1}},
 ]
 
 
@@ -79,6 +79,18 @@ def test_metrics_show_gpus_in_use_while_tasks_hold_them(
     count = ("apportion_task_duration_seconds_count", (("prefix", "hold-gpu"),))
     assert m[count] == 3
     assert client.check_invariants() == []
+
+
+def test_metrics_count_dependencies_fetched_from_another_worker(
+    cluster: LocalCluster, client: Client
+) -> None:
+    transfers = ("apportion_transfers_total", ())
+    before = metrics(cluster)[transfers]
+    here = client.submit(emit, "made on cpu", resources={"CPU-ONLY": 1})
+    there = client.submit(len, here, resources={"GPU": 1})  # runs on gpu-a, fetches it
+    assert there.result() == len("made on cpu")
+    # The worker may tell this client before the scheduler hears of the run.
+    wait_until(lambda: metrics(cluster)[transfers] == before + 1, what="one transfer counted")
 
 
 def test_dashboard_needs_the_token_and_a_link_with_it_signs_in(
