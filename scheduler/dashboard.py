@@ -243,15 +243,15 @@ def stream_svg(
         )
     scale = 860 / seconds
     for r in runs:
-        i = row.get(r.worker)
-        if i is None:
+        at = row.get(r.worker)
+        if at is None:
             continue
         x0 = 140 + max(0.0, 860 - (now - r.start) * scale)
         x1 = 140 + max(0.0, 860 - (now - r.stop) * scale)
         fill = "#c0392b" if r.state == "erred" else _color(r.prefix)
         units = "".join(f" {res} #{','.join(map(str, n))}" for res, n in r.units.items())
         parts.append(
-            f'<rect x="{x0:.1f}" y="{i * height + 3}" width="{max(1.0, x1 - x0):.1f}" '
+            f'<rect x="{x0:.1f}" y="{at * height + 3}" width="{max(1.0, x1 - x0):.1f}" '
             f'height="{height - 6}" fill="{fill}"><title>{html.escape(r.key)} on '
             f"{html.escape(r.worker)}{html.escape(units)}: {r.stop - r.start:.3f} s</title></rect>"
         )
