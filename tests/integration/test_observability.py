@@ -143,6 +143,34 @@ def test_task_output_reaches_the_client_prefixed_with_the_worker(
     assert "(gpu-a) hello-gpu on stderr\n" in printed.err  # type: ignore[attr-defined]
 
 
+def talk_then_wait(path: str) -> str:
+    print("started, waiting for the go")
+    wait_for_file(path)
+    print("done")
+    return path
+
+
+def test_a_long_tasks_output_arrives_while_it_runs(
+    client: Client, capfd: Any, tmp_path: Any
+) -> None:
+    gate = str(tmp_path / "go")
+    future = client.submit(talk_then_wait, gate, resources={"GPU": 1})
+    seen = ""
+
+    def printed(text: str) -> bool:
+        nonlocal seen
+        seen += capfd.readouterr().out
+        return text in seen
+
+    # Sent with the worker's next heartbeat, while the task still waits.
+    wait_until(lambda: printed("(gpu-a) started, waiting for the go\n"), what="the first line")
+    assert not future.done() and "done" not in seen
+    open(gate, "w").close()
+    future.result()
+    wait_until(lambda: printed("(gpu-a) done\n"), what="the last line")
+    assert seen.count("started, waiting") == 1
+
+
 def test_task_output_can_be_turned_off(client: Client, capfd: Any, tmp_path: Any) -> None:
     with config.set({"client.forward-output": False}):
         client.submit(emit, "quiet-please").result()

@@ -224,7 +224,7 @@ def test_output_is_captured_per_task_thread_and_cut_when_huge(capsys: Any) -> No
     seen: dict[str, list[list[str]]] = {}
 
     def task(name: str, text: str) -> None:
-        output.begin()
+        output.begin(SimpleNamespace())
         print(text)
         print(f"careful {name}", file=sys.stderr)
         seen[name] = output.end()
@@ -235,16 +235,38 @@ def test_output_is_captured_per_task_thread_and_cut_when_huge(capsys: Any) -> No
     for t in threads:
         t.join()
     print("not a task")
-    assert seen["a"][0] == ["stdout", "from a\n"]
-    assert seen["a"][1][0] == "stderr" and "careful a" in seen["a"][1][1]
-    assert "from b" not in str(seen["a"])
+    assert seen["a"] == [["stdout", "from a\n"], ["stderr", "careful a\n"]]
     assert capsys.readouterr().out == "not a task\n"
 
-    output.begin()
+    output.begin(SimpleNamespace())
     print("x" * (output.MAX_OUTPUT_CHARS + 10))
     cut = output.end()
     assert sum(len(text) for _, text in cut[:-1]) == output.MAX_OUTPUT_CHARS
     assert "output cut" in cut[-1][1]
+
+
+def test_a_running_tasks_output_goes_out_with_each_heartbeat_and_the_rest_at_its_end() -> None:
+    output.install()
+    running = SimpleNamespace(run_id=7)
+    sent: list[dict[str, Any]] = []
+    output.begin(running)
+    print("epoch 1")
+    output.send_running_output([running], sent.append)
+    output.send_running_output([running], sent.append)  # nothing new: nothing sent
+    print("epoch 2")
+    rest = output.end()
+    assert sent == [{"op": "task-output", "run_id": 7, "output": [["stdout", "epoch 1\n"]]}]
+    assert rest == [["stdout", "epoch 2\n"]]
+
+
+def test_output_of_a_run_still_going_reaches_its_clients() -> None:
+    sim = gpu_sim()
+    address, run_id = sim.run_of("train-0")
+    sim.state.handle_task_output(address, {"run_id": run_id, "output": [["stdout", "1\n"]]})
+    sim.state.handle_task_output(address, {"run_id": 999, "output": [["stdout", "?\n"]]})
+    sim.step()
+    (message,) = sim.client_messages("task-output")
+    assert (message["key"], message["worker"]) == ("train-0", "gpu-a")
 
 
 def test_forwarded_output_is_printed_with_the_worker_name() -> None:
