@@ -86,7 +86,7 @@ class LocalTask:
         self.epoch = 0
         # When it ran (wall clock) and what it printed: see worker/output.py.
         self.start = self.stop = 0.0
-        self.output: list[list[str]] | None = None
+        self.output: output.Capture | list[list[str]] | None = None
         self.fetched = 0
 
 
@@ -252,6 +252,7 @@ class Worker:
         self._start_ready()  # books runs reported by their threads while the loop slept
         if self.scheduler is not None and not self.scheduler.closed:
             self.scheduler.send({"op": "heartbeat", **output.units_held(self.tasks.values())})
+            output.send_running_output(self.tasks.values(), self.scheduler.send)
 
     def _send(self, message: Message) -> None:
         if self.scheduler is not None and not self.scheduler.closed:
@@ -533,7 +534,7 @@ class Worker:
     def _execute(self, task: LocalTask) -> Outcome:
         """Runs in a task thread: returns (ok, value, pickled, traceback)."""
         context = TaskInfo(task.key, dict(task.shape), task.units)
-        task.start = output.begin()
+        task.start = output.begin(task)
         task.fetched = len(task.fetch_keys)  # _drop forgets them before the loop reports
         try:
             value = self._call(task.func, task.args, context)
@@ -700,7 +701,12 @@ def _erred_message(task: LocalTask, exception: bytes, traceback: str) -> Message
 
 def _with_report(message: Message, task: LocalTask) -> Message:
     return output.add_run_report(
-        message, task.start, task.stop, task.units, task.fetched, task.output
+        message,
+        task.start,
+        task.stop,
+        task.units,
+        task.fetched,
+        task.output if isinstance(task.output, list) else None,
     )
 
 
