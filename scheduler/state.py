@@ -358,6 +358,13 @@ class SchedulerState(RetirementMixin):
             self._release_if_unneeded(ts)
         self._fill(ws)
 
+    def handle_task_output(self, address: str, msg: Message) -> None:
+        """What a run still going printed lately: for the clients waiting for it."""
+        ws = self.workers.get(address)
+        ts = ws.processing.get(msg["run_id"]) if ws is not None else None
+        if ws is not None and ts is not None and ts.processing_on is ws:
+            self._forward_output(ts, ws, msg["output"])
+
     def handle_task_erred(self, address: str, msg: Message) -> None:
         ws = self.workers.get(address)
         ts = self._end_run(ws, msg["run_id"])
