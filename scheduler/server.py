@@ -141,6 +141,7 @@ class Scheduler:
             "task-finished": self.state.handle_task_finished,
             "task-erred": self.state.handle_task_erred,
             "task-released": self.state.handle_task_released,
+            "task-output": self.state.handle_task_output,
             "missing-deps": self.state.handle_missing_deps,
             "data-acquired": self.state.handle_data_acquired,
             "acquire-failed": self.state.handle_acquire_failed,
