@@ -49,6 +49,13 @@ def keep_recent_lines() -> RecentLines:
         return _handler
 
 
+def line_count(n: object) -> int | None:
+    """A number of log lines asked for: None (all kept) or a whole number >= 0."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise ValueError(f"the number of log lines must be a whole number >= 0 or None, got {n!r}")
+    return n
+
+
 def recent_lines(n: int | None = None) -> list[str]:
     """This process's last ``n`` kept log lines (all kept lines when ``n`` is None), oldest
     first; empty if the process keeps none."""

@@ -201,6 +201,12 @@ def test_logs_of_the_scheduler_and_each_worker(client: Client) -> None:
     assert set(workers) == {"gpu-a", "cpu"}
     assert any("connected to" in line for line in workers["gpu-a"])
     assert client.get_worker_logs(0) == {"gpu-a": [], "cpu": []}
+    for bad in (-1, 2.5, "10"):
+        with pytest.raises(ValueError, match="whole number >= 0"):
+            client.get_scheduler_logs(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="whole number >= 0"):
+            client.get_worker_logs(bad)  # type: ignore[arg-type]
+    assert client.get_scheduler_logs(1)  # the connection is still fine
 
 
 def test_reprs_name_workers_resources_and_the_dashboard(
