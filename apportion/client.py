@@ -24,7 +24,7 @@ from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
 from apportion.errors import SchedulerConnectionError
 from apportion.futures import Future, FutureState
-from apportion.logs import recent_lines, show_task_output
+from apportion.logs import line_count, recent_lines, show_task_output
 from apportion.progress import progress
 from apportion.protocol import Comm, CommClosedError, Message, ProtocolError, connect
 from apportion.protocol.rpc import ConnectionPool
@@ -397,12 +397,13 @@ class Client:
     # Observability (apportion/progress.py, apportion/logs.py, apportion/reprs.py).
     def get_scheduler_logs(self, n: int | None = None) -> list[str]:
         """The scheduler's last ``n`` log lines (default: all it keeps), oldest first."""
-        return list(self._request({"op": "logs", "n": n})["lines"])
+        return list(self._request({"op": "logs", "n": line_count(n)})["lines"])
 
     def get_worker_logs(self, n: int | None = None) -> dict[str, list[str]]:
         """Each worker's last ``n`` log lines, by worker name."""
         names = {a: w["name"] for a, w in self.scheduler_info()["workers"].items()}
-        return {names.get(a, a): lines for a, lines in self.run(recent_lines, n).items()}
+        lines = self.run(recent_lines, line_count(n))
+        return {names.get(address, address): kept for address, kept in lines.items()}
 
     @property
     def dashboard_link(self) -> str | None:
