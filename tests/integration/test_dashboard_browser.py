@@ -78,12 +78,22 @@ def nap(seconds: float) -> float:
 
 
 def text_of(browser: Any, css: str) -> str:
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    """The text of the first element matching ``css`` ("" if none), read in one script
+    call: the page replaces its sections as updates arrive, between any two calls."""
+    return str(
+        browser.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';", css
+        )
+    )
 
-    try:
-        return str(browser.find_element("css selector", css).text)
-    except (NoSuchElementException, StaleElementReferenceException):
-        return ""  # not drawn yet, or replaced by a pushed update meanwhile: look again
+
+def titles_of(browser: Any, css: str) -> list[str]:
+    """The titles of every element matching ``css``, read at one moment."""
+    return list(
+        browser.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.title);", css
+        )
+    )
 
 
 def test_dashboard_shows_gpus_in_use_on_the_right_worker(browser: Any, tmp_path: Path) -> None:
@@ -113,8 +123,7 @@ def test_dashboard_shows_gpus_in_use_on_the_right_worker(browser: Any, tmp_path:
         wait_until(
             lambda: "2/2 in use" in text_of(browser, f"{gpu} .usage"), what="GPU 2/2 on gpu-a"
         )
-        units = browser.find_elements("css selector", f"{gpu} .unit.busy")
-        holders = sorted(u.get_attribute("title") for u in units)
+        holders = sorted(titles_of(browser, f"{gpu} .unit.busy"))
         assert holders in (["train-0", "train-1"], ["train-0", "train-2"], ["train-1", "train-2"])
         # Each on the unit number the worker granted it, once its heartbeat told.
         granted = {
@@ -125,14 +134,15 @@ def test_dashboard_shows_gpus_in_use_on_the_right_worker(browser: Any, tmp_path:
                 lambda n=number, k=key: text_of(browser, f'{gpu} [data-unit="{n}"]') == f"#{n} {k}",
                 what=f"GPU #{number} shown held by {key}",
             )
-        assert "0/" not in text_of(browser, '[data-worker="cpu"]')  # declares no GPU
-        waiting = text_of(browser, "#waiting")
+        cpu = text_of(browser, '[data-worker="cpu"]')
+        assert "cpu" in cpu and "no declared resources" in cpu and "GPU" not in cpu
         wait_until(lambda: "GPU=8" in text_of(browser, "#waiting"), what="the no-worker demand")
         waiting = text_of(browser, "#waiting")
         assert "GPU=1" in waiting and "queued" in waiting
         assert "no live worker has GPU=8" in waiting
         wait_until(lambda: "20" in text_of(browser, '[data-prefix="pow"]'), what="pow's progress")
-        assert "gpu-a" in text_of(browser, "#events") and "joined" in text_of(browser, "#events")
+        events = text_of(browser, "#events")
+        assert "gpu-a" in events and "joined" in events
         screenshot = os.environ.get("APPORTION_DASHBOARD_SCREENSHOT") or str(
             tmp_path / "dashboard.png"
         )
