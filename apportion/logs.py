@@ -35,6 +35,8 @@ class RecentLines(logging.Handler):
             self.handleError(record)
 
 
+logger = logging.getLogger("apportion.client")
+
 _handler: RecentLines | None = None
 _lock = threading.Lock()
 
@@ -74,9 +76,16 @@ def show_task_output(
     if not config.get("client.forward-output", True):
         return
     prefix = f"({message.get('worker', '?')}) "
-    for stream, text in message.get("output") or []:
+    chunks = message.get("output")
+    if not isinstance(chunks, list) or not all(
+        isinstance(c, list) and len(c) == 2 and isinstance(c[1], str) for c in chunks
+    ):
+        # Printing is a courtesy: a malformed report must not break the client's link.
+        logger.warning("ignoring malformed task output for %r: %.200r", message.get("key"), chunks)
+        return
+    for stream, text in chunks:
         out = (stderr or sys.stderr) if stream == "stderr" else (stdout or sys.stdout)
-        lines = str(text).splitlines(keepends=True)
+        lines = text.splitlines(keepends=True)
         out.write(
             "".join(
                 prefix + line if line.endswith("\n") else prefix + line + "\n" for line in lines

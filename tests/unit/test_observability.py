@@ -278,6 +278,9 @@ def test_forwarded_output_is_printed_with_the_worker_name() -> None:
     with config.set({"client.forward-output": False}):
         show_task_output(message, out, err)
     assert out.getvalue() == "(gpu-a) a\n(gpu-a) b\n"
+    for malformed in ("text", [["stdout"]], [["stdout", 5]], None):
+        show_task_output({"worker": "w", "output": malformed}, out, err)  # no exception
+    assert out.getvalue() == "(gpu-a) a\n(gpu-a) b\n"
 
 
 def test_recent_lines_keep_only_the_last_ones() -> None:
