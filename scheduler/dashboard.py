@@ -40,7 +40,7 @@ RENDER_BUDGET = 0.01
 
 WAITING_STATES = frozenset({"released", "waiting", "queued", "no-worker"})
 TEMPLATES = tornado.template.Loader(str(Path(__file__).with_name("templates")))
-SECTIONS = ("summary", "workers", "waiting", "progress", "stream", "events")
+SECTIONS = ("summary", "kubernetes", "workers", "waiting", "progress", "stream", "events")
 
 
 @dataclass
@@ -206,6 +206,7 @@ def view(state: SchedulerState, events: EventLog | None, address: str) -> dict[s
         "stream_seconds": STREAM_SECONDS,
         "worker_events": worker_events,
         "recorded": events.recorded if events is not None else 0,
+        "cluster": events.cluster if events is not None else None,
     }
 
 

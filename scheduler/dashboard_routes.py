@@ -117,13 +117,48 @@ def observability_routes(scheduler: Scheduler) -> list[tuple[str, Any]]:
             except StreamClosedError:
                 pass  # the page was closed
 
+    class ClusterStatus(tornado.web.RequestHandler):
+        """``POST``: the operator tells the scheduler its ResourceCluster's status (a JSON
+        object, see k8s_operator/scheduler_feed.py), shown on the dashboard."""
+
+        def post(self) -> None:
+            if not authorized(self, scheduler.token):
+                self.set_status(401)
+                self.write({"error": "a valid bearer token is required"})
+                return
+            try:
+                summary = cluster_status(self.request.body)
+            except ValueError as exc:
+                self.set_status(400)
+                self.write({"error": str(exc)})
+                return
+            if scheduler.state.events is not None:
+                scheduler.state.events.cluster = summary
+            self.write({"ok": True})
+
     return [
+        (r"/api/v1/cluster-status", ClusterStatus),
         (r"/metrics", Metrics),
         (r"/", Root),
         (r"/dashboard", Page),
         (r"/dashboard/login", Page),
         (r"/dashboard/events", Events),
     ]
+
+
+def cluster_status(body: bytes) -> dict[str, Any]:
+    """The operator's summary of the cluster, checked: a JSON object naming the cluster,
+    with a list of worker groups (objects) if any."""
+    try:
+        summary = json.loads(body or b"null")
+    except ValueError as exc:
+        raise ValueError(f"the body must be JSON: {exc}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("name"), str):
+        raise ValueError('the body must be a JSON object with a "name": {"name": "pipeline", ...}')
+    groups = summary.get("workerGroups", [])
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise ValueError('"workerGroups" must be a list of objects')
+    return summary
 
 
 def access_log(handler: tornado.web.RequestHandler) -> None:

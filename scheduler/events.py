@@ -100,6 +100,8 @@ class EventLog:
         self.units: dict[str, dict[int, dict[str, list[int]]]] = {}
         # Runs folded so far.
         self.recorded = 0
+        # What the Kubernetes operator last said of this cluster (see cluster_status).
+        self.cluster: dict[str, Any] | None = None
 
     # ------------------------------------------------- called by the state machine
     def task_ended(self, key: str, worker: str, state: str, report: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.cookiejar
+import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -49,6 +50,55 @@ def metrics(cluster: LocalCluster) -> dict[tuple[str, tuple[tuple[str, str], ...
 def gpu_used(cluster: LocalCluster, worker: str) -> float:
     key = ("apportion_worker_resource_used", (("resource", "GPU"), ("worker", worker)))
     return metrics(cluster).get(key, -1)
+
+
+def post(url: str, body: bytes, token: str | None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, body, headers, method="POST")
+    try:
+        return int(urllib.request.urlopen(request, timeout=10).status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_operators_cluster_status_shows_on_the_dashboard(
+    cluster: LocalCluster, client: Client
+) -> None:
+    url = f"{base(cluster)}/api/v1/cluster-status"
+    summary = {
+        "name": "pipeline",
+        "namespace": "ml",
+        "phase": "Running",
+        "workerGroups": [
+            {
+                "name": "gpu",
+                "desiredReplicas": 2,
+                "readyReplicas": 1,
+                "connectedWorkers": 1,
+                "resources": {"GPU": 2},
+                "minReplicas": 0,
+                "maxReplicas": 4,
+                "lastScale": {
+                    "time": "2026-11-24T08:00:00Z",
+                    "from": 1,
+                    "to": 2,
+                    "reason": "3 tasks wait for GPU=1",
+                },
+            },
+        ],
+    }
+    body = json.dumps(summary).encode()
+    assert post(url, body, None) == 401
+    assert post(url, body, "wrong") == 401
+    assert post(url, b"[1, 2]", cluster.token) == 400
+    assert post(url, b'{"name": "x", "workerGroups": 3}', cluster.token) == 400
+    assert post(url, body, cluster.token) == 200
+    bearer = urllib.request.Request(
+        f"{base(cluster)}/dashboard", headers={"Authorization": f"Bearer {cluster.token}"}
+    )
+    page = urllib.request.urlopen(bearer, timeout=10).read().decode()
+    assert "ResourceCluster ml/pipeline" in page and 'data-group="gpu"' in page
+    assert "3 tasks wait for GPU=1" in page and "(0 to 4)" in page
 
 
 def emit(text: str) -> str:

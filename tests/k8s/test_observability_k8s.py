@@ -67,6 +67,12 @@ def test_logs_dashboard_and_metrics_of_a_resource_cluster(
         )
         page = browser.open(cluster.dashboard_link, timeout=10).read().decode()
         assert 'data-resource="GPU"' in page
+
+        def groups_shown() -> bool:  # the operator tells the scheduler at each reconcile
+            page = browser.open(cluster.dashboard_link.split("?")[0], timeout=10).read()
+            return b"ResourceCluster" in page and b'data-group="gpu"' in page
+
+        watched.wait(groups_shown, "the operator's view on the dashboard", timeout=60)
         base = cluster.dashboard_link.split("/dashboard")[0]
         metrics = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
         assert 'apportion_worker_resource_total{resource="GPU"' in metrics

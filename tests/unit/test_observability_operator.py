@@ -52,3 +52,24 @@ def test_metrics_are_served_over_http() -> None:
         "apportion_operator_reconcile_seconds",
         "apportion_operator_scaling_decisions",
     } <= names
+
+
+def test_the_cluster_summary_keeps_what_the_dashboard_shows() -> None:
+    from apportion.operator.scheduler_feed import cluster_summary
+
+    status = {"phase": "Running", "workerGroups": [{"name": "gpu"}], "conditions": [{}]}
+    assert cluster_summary("pipeline", "ml", status) == {
+        "name": "pipeline",
+        "namespace": "ml",
+        "phase": "Running",
+        "workerGroups": [{"name": "gpu"}],
+    }
+
+
+def test_an_unreachable_scheduler_does_not_fail_the_reconcile() -> None:
+    from apportion.operator.scheduler_feed import send_status
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once closed
+    assert send_status("127.0.0.1", port, "t", {"name": "x"}, timeout=2) is False
