@@ -33,6 +33,7 @@ from apportion.operator.manifests import (
     worker_pod,
 )
 from apportion.operator.plan import plan
+from apportion.operator.scheduler_feed import cluster_summary, send_status
 from apportion.operator.spec import DEFAULT_IMAGE, ClusterSpec, InvalidSpec, parse
 from apportion.operator.status import compute_status, invalid_status, pod_ready
 
@@ -111,6 +112,8 @@ def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     _announce_failures(body, previous, failures)
     _announce_unmet_demand(body, previous, status)
     _write_status(patch, previous, status)
+    if scheduler_ip:  # for the scheduler's dashboard
+        send_status(scheduler_ip, spec.http_port, token, cluster_summary(name, namespace, status))
 
 
 def _autoscale(
