@@ -18,6 +18,7 @@ from apportion.errors import (
 )
 from apportion.futures import FIRST_COMPLETED, Future, as_completed, wait
 from apportion.local import LocalCluster
+from apportion.progress import progress
 from apportion.worker.context import TaskInfo, WorkerInfo, get_worker
 
 __version__ = "0.1.0"
@@ -39,5 +40,6 @@ __all__ = [
     "config",
     "fire_and_forget",
     "get_worker",
+    "progress",
     "wait",
 ]

@@ -6,9 +6,10 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from types import ModuleType
 
 # The modules a build with APPORTION_COMPILE=1 compiles (setup.py reads this list): the
-# scheduler's pure state machine.
+# scheduler's pure state machine, and its event log (per-run work while a dashboard is open).
 COMPILED_MODULES = [
     "apportion.resources",
+    "apportion.scheduler.events",
     "apportion.scheduler.model",
     "apportion.scheduler.placement",
     "apportion.scheduler.retirement",

@@ -340,8 +340,18 @@ def _without_option(args: list[str], option: str) -> list[str]:
     "--liveness", default=None, help="Serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz."
 )
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve the operator's Prometheus metrics at /metrics on this port.",
+)
 def operator(
-    namespaces: tuple[str, ...], all_namespaces: bool, liveness: str | None, log_level: str
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    liveness: str | None,
+    log_level: str,
+    metrics_port: int | None,
 ) -> None:
     """Run the ResourceCluster operator (needs the 'kubernetes' extra)."""
     if bool(namespaces) == all_namespaces:
@@ -355,6 +365,10 @@ def operator(
             f"the operator needs kopf and kubernetes: pip install 'apportion[kubernetes]' ({exc})"
         ) from None
     setup_logging(log_level)
+    if metrics_port is not None:
+        from apportion.operator.metrics import serve
+
+        serve(metrics_port)
     kopf.run(
         standalone=True,
         clusterwide=all_namespaces,

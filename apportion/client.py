@@ -26,8 +26,11 @@ from apportion.dask_default import on_client_created
 from apportion.dask_default import restore as restore_dask_default
 from apportion.errors import SchedulerConnectionError
 from apportion.futures import Future, FutureState
+from apportion.logs import line_count, recent_lines, show_task_output
+from apportion.progress import progress
 from apportion.protocol import Comm, CommClosedError, Message, ProtocolError, connect
 from apportion.protocol.rpc import ConnectionPool
+from apportion.reprs import dashboard_link, summary_html
 from apportion.resources import format_resources, validate
 from apportion.serialize import (
     FunctionPickleCache,
@@ -394,6 +397,33 @@ class Client:
             reply.pop(field, None)
         return reply
 
+    # Observability (apportion/progress.py, apportion/logs.py, apportion/reprs.py).
+    def get_scheduler_logs(self, n: int | None = None) -> list[str]:
+        """The scheduler's last ``n`` log lines (default: all it keeps), oldest first."""
+        return list(self._request({"op": "logs", "n": line_count(n)})["lines"])
+
+    def get_worker_logs(self, n: int | None = None) -> dict[str, list[str]]:
+        """Each worker's last ``n`` log lines, by worker name."""
+        names = {a: w["name"] for a, w in self.scheduler_info()["workers"].items()}
+        lines = self.run(recent_lines, line_count(n))
+        return {names.get(address, address): kept for address, kept in lines.items()}
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard, signed in with the token; None if the scheduler serves no HTTP."""
+        return dashboard_link(
+            self.scheduler_address, self.scheduler_info()["http_port"], self.token
+        )
+
+    def progress(self, *futures: Any, **kwargs: Any) -> Any:
+        """Progress bars for futures: see ``apportion.progress``."""
+        return progress(*futures, **kwargs)
+
+    def _repr_html_(self) -> str:
+        info = self.scheduler_info()
+        link = dashboard_link(self.scheduler_address, info["http_port"], self.token)
+        return summary_html(f"Client {self.id}", self.scheduler_address, link, info)
+
     def check_invariants(self) -> list[str]:
         """Ask the scheduler to verify its resource accounting; [] when consistent."""
         return list(self._request({"op": "info", "check": True})["problems"])
@@ -517,7 +547,9 @@ class Client:
                 state.who_has = list(message["who_has"])
         elif op == "no-worker":
             self._warn_no_worker(message)
-        elif op in ("info-reply", "run-reply", "retire-reply"):
+        elif op == "task-output":
+            show_task_output(message)
+        elif op in ("info-reply", "run-reply", "retire-reply", "logs-reply"):
             reply = self._requests.pop(message["id"], None)
             if reply is not None and not reply.done():
                 reply.set_result(message)

@@ -135,6 +135,12 @@ SETTINGS: tuple[Setting, ...] = (
         "Workers holding results tell waiting clients themselves: one hop fewer.",
     ),
     Setting(
+        "client.forward-output",
+        "boolean",
+        True,
+        "Print what tasks print (stdout, stderr, warnings) here, prefixed with the worker.",
+    ),
+    Setting(
         "comm.max-frame-bytes",
         "integer",
         1 << 30,

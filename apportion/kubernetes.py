@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from apportion.protocol.comm import parse_address
+from apportion.reprs import dashboard_link
 
 GROUP, VERSION, PLURAL = "apportion.dev", "v1alpha1", "resourceclusters"
 
@@ -212,6 +213,26 @@ class KubeCluster:
             },
         )
         return group
+
+    # ------------------------------------------------------------ observability
+    def get_logs(self, tail_lines: int | None = None) -> dict[str, str]:
+        """The log of each of this cluster's pods (scheduler and workers), by pod name,
+        through the Kubernetes API (``tail_lines``: only the last lines of each)."""
+        selector = f"app.kubernetes.io/instance={self.name}"
+        pods = self._core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        return {
+            pod.metadata.name: self._core.read_namespaced_pod_log(
+                pod.metadata.name, self.namespace, tail_lines=tail_lines
+            )
+            for pod in sorted(pods, key=lambda p: p.metadata.name)
+        }
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The scheduler's dashboard, signed in with the cluster's token."""
+        scheduler = self.resource().get("spec", {}).get("scheduler") or {}
+        port = int(scheduler.get("httpPort", 8787))
+        return dashboard_link(self.scheduler_address, port, self.token)
 
     # --------------------------------------------------------------- lifecycle
     def close(self) -> None:

@@ -24,6 +24,7 @@ from apportion.process import LOG_LEVEL_ENV, PARENT_PID_ENV, after_exit
 from apportion.protocol.comm import parse_address
 from apportion.protocol.frames import PROTOCOL_VERSION, ProtocolError, decode, encode
 from apportion.protocol.reader import FrameReader
+from apportion.reprs import dashboard_link, summary_html
 from apportion.resources import format_resources, validate
 
 logger = logging.getLogger("apportion.local")
@@ -306,6 +307,16 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard, signed in (only with ``http_port``: e.g. ``http_port=0``)."""
+        return dashboard_link(self.scheduler_address, self.http_port, self.token)
+
+    def _repr_html_(self) -> str:
+        specs = {s["name"]: {"name": s["name"], **s} for s in self._specs}
+        info = {"workers": specs, "clients": 0, "tasks": {}}
+        return summary_html("LocalCluster", self.scheduler_address, self.dashboard_link, info)
+
     def __repr__(self) -> str:
         """The workers running now (not those killed or closed)."""
         parts = ", ".join(
@@ -313,7 +324,11 @@ class LocalCluster:
             for w in list(getattr(self, "workers", {}).values())
             if w.process.poll() is None
         )
-        return f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers: {parts}>"
+        port = getattr(self, "http_port", None)
+        dashboard = f" dashboard: http://{self.host}:{port}/dashboard" if port else ""
+        return (
+            f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers: {parts}{dashboard}>"
+        )
 
 
 def _tell_scheduler(address: str, token: str, message: dict[str, Any]) -> None:

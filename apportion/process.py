@@ -35,11 +35,19 @@ logger = logging.getLogger("apportion")
 
 
 def setup_logging(level: str | None = None) -> None:
-    logging.basicConfig(
-        level=(level or os.environ.get(LOG_LEVEL_ENV, "INFO")).upper(),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    """Log to stderr at ``level`` (default INFO, or $APPORTION_LOG_LEVEL). Records of INFO
+    and above are still made when stderr shows less, because the process keeps its recent
+    lines for ``client.get_*_logs()`` (apportion/logs.py)."""
+    name = (level or os.environ.get(LOG_LEVEL_ENV, "INFO")).upper()
+    shown = logging.getLevelName(name)
+    if not isinstance(shown, int):
+        raise ValueError(f"unknown log level {name!r}: use DEBUG, INFO, WARNING or ERROR")
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(shown)
+    console.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(console)
+    root.setLevel(min(shown, logging.INFO))
 
 
 def announce_ready(ready_fd: int | None, details: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
-from apportion.operator import kube
+from apportion.operator import kube, metrics
 from apportion.operator.autoscale import Scaling, decide, observe, unmet_demand
 from apportion.operator.manifests import (
     GROUP,
@@ -33,6 +33,7 @@ from apportion.operator.manifests import (
     worker_pod,
 )
 from apportion.operator.plan import plan
+from apportion.operator.scheduler_feed import cluster_summary, send_status
 from apportion.operator.spec import DEFAULT_IMAGE, ClusterSpec, InvalidSpec, parse
 from apportion.operator.status import compute_status, invalid_status, pod_ready
 
@@ -53,12 +54,14 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 def on_change(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    reconcile(body, patch)
+    with metrics.reconciling():
+        reconcile(body, patch)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL)
 def on_timer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    reconcile(body, patch)
+    with metrics.reconciling():
+        reconcile(body, patch)
 
 
 def _now() -> str:
@@ -76,6 +79,7 @@ def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     try:
         spec = parse(name, namespace, body.get("spec") or {}, default_image)
     except InvalidSpec as problem:
+        metrics.invalid()
         if previous.get("phase") != "Invalid" or previous.get("observedGeneration") != generation:
             kopf.warn(body, reason="InvalidSpec", message=str(problem))
         _write_status(patch, previous, invalid_status(str(problem), previous, generation, _now()))
@@ -108,6 +112,8 @@ def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     _announce_failures(body, previous, failures)
     _announce_unmet_demand(body, previous, status)
     _write_status(patch, previous, status)
+    if scheduler_ip:  # for the scheduler's dashboard
+        send_status(scheduler_ip, spec.http_port, token, cluster_summary(name, namespace, status))
 
 
 def _autoscale(
@@ -134,6 +140,7 @@ def _autoscale(
     for group, reason in decision.reasons.items():
         if decision.targets[group] != desired[group]:
             verb = "ScaledUp" if decision.targets[group] > desired[group] else "ScaledDown"
+            metrics.scaled(spec.name, group, desired[group], decision.targets[group])
             kopf.event(
                 owner,
                 type="Normal",

@@ -10,6 +10,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import tornado.web
+from apportion.scheduler.dashboard_routes import access_log, observability_routes
 from apportion.scheduler.http_auth import AuthenticatedHandler
 from apportion.scheduler.validation import check_retire
 
@@ -54,8 +55,14 @@ def status_app(scheduler: Scheduler) -> tornado.web.Application:
             self.write(json.dumps(body))
 
     return tornado.web.Application(
-        [(r"/health", Health), (r"/api/v1/info", Info), (r"/api/v1/retire", Retire)],
+        [
+            (r"/health", Health),
+            (r"/api/v1/info", Info),
+            (r"/api/v1/retire", Retire),
+            *observability_routes(scheduler),
+        ],
         token=scheduler.token,
+        log_function=access_log,
     )
 
 

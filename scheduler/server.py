@@ -17,6 +17,7 @@ from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.validation import (
     check_key,
     check_keys,
+    check_lines,
     check_retire,
     check_run_id,
     check_submit,
@@ -25,6 +26,7 @@ from tornado.ioloop import PeriodicCallback
 from tornado.netutil import bind_sockets
 
 from apportion import config
+from apportion.logs import keep_recent_lines, recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError
 from apportion.protocol.comm import format_address, refuse
 from apportion.resources import validate
@@ -77,6 +79,7 @@ class Scheduler:
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Scheduler:
+        keep_recent_lines()
         """Listen (``host`` "": on all interfaces) and serve; raises OSError naming the
         port and the flag that chose it when a port cannot be had."""
         with _naming_the_port(self.host, self.requested_port, "--port"):
@@ -87,8 +90,11 @@ class Scheduler:
             with _naming_the_port(self.host, self.http_port, "--http-port"):
                 sockets = bind_sockets(self.http_port, address=self.host or None)
             # Imported here: tornado.web adds ~35 ms to a start that does not serve HTTP.
+            from apportion.scheduler.events import EventLog
             from apportion.scheduler.http_api import status_app
             from tornado.httpserver import HTTPServer
+
+            self.state.events = EventLog()  # someone can look: record for the dashboard
 
             self._http = HTTPServer(status_app(self))
             self._http.add_sockets(sockets)
@@ -154,6 +160,7 @@ class Scheduler:
             "task-finished": self.state.handle_task_finished,
             "task-erred": self.state.handle_task_erred,
             "task-released": self.state.handle_task_released,
+            "task-output": self.state.handle_task_output,
             "missing-deps": self.state.handle_missing_deps,
             "data-acquired": self.state.handle_data_acquired,
             "acquire-failed": self.state.handle_acquire_failed,
@@ -168,6 +175,8 @@ class Scheduler:
                 op = message["op"]
                 if op == "heartbeat":
                     self.state.handle_heartbeat(address)
+                    if self.state.events is not None:
+                        self.state.events.heartbeat(address, message.get("units"))
                     continue
                 if op == "goodbye":
                     reason, expected = f"worker left: {message.get('reason')}", True
@@ -243,6 +252,7 @@ class Scheduler:
         elif op == "info":
             reply: dict[str, Any] = self.state.info()
             reply.update(address=self.address, id=message["id"], op="info-reply")
+            reply["http_port"] = self.http_port
             if message.get("check"):
                 reply["problems"] = self.violations + self.state.check_invariants()
             comm.send(reply)
@@ -259,6 +269,9 @@ class Scheduler:
         elif op == "expect-leave":
             self._planned_leaves.add(str(message["name"]))
             comm.send({"op": "expect-leave-reply", "id": message["id"]})
+        elif op == "logs":
+            lines = recent_lines(check_lines(message.get("n")))
+            comm.send({"op": "logs-reply", "id": message["id"], "lines": lines})
         elif op == "close":
             comm.close("client closed")
         else:

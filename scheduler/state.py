@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from apportion.scheduler.events import EventLog
 from apportion.scheduler.model import ACTIVE, NOTHING, TaskState, WorkerState
 from apportion.scheduler.placement import ReadyQueues, explain_no_worker, pick_worker
 from apportion.scheduler.retirement import RetirementMixin, bytes_held, in_service_first
@@ -69,6 +70,8 @@ class SchedulerState(RetirementMixin):
         timeout = config.get("scheduler.no-worker-timeout")
         self.no_worker_timeout: float | None = None if timeout is None else float(timeout)
         self._init_retirements(float(config.get("scheduler.retire-timeout")))
+        # What happened, for the dashboard and /metrics: set only where someone can look.
+        self.events: EventLog | None = None
 
     # ------------------------------------------------------------- set helpers
     def _with(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
@@ -247,6 +250,8 @@ class SchedulerState(RetirementMixin):
                 self._make_ready(ts)
         self._fill(ws)
         logger.info("worker %s joined from %s with %s", name, address, format_resources(ws.total))
+        if self.events is not None:
+            self.events.worker_joined(name, format_resources(ws.total))
         return ws
 
     def remove_worker(
@@ -257,6 +262,8 @@ class SchedulerState(RetirementMixin):
             return
         level = logging.INFO if expected else logging.WARNING
         logger.log(level, "worker %s (%s) removed: %s", ws.name, address, reason)
+        if self.events is not None:
+            self.events.worker_left(ws.name, reason)
         self.with_slots.pop(ws, None)
         self._named.pop(self._singletons.pop(ws, NOTHING), None)
         orphaned = []
@@ -331,6 +338,10 @@ class SchedulerState(RetirementMixin):
         ts.nbytes = int(msg.get("nbytes", 0))
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
+        if self.events is not None:
+            self.events.task_ended(ts.key, ws.name, "memory", msg)
+        if "output" in msg:
+            self._forward_output(ts, ws, msg["output"])
         finished = self._finished_message(ts, msg.get("data"))
         told = msg.get("notified") or ()  # clients the worker told directly
         for wanter in ts.who_wants:
@@ -347,6 +358,13 @@ class SchedulerState(RetirementMixin):
             self._release_if_unneeded(ts)
         self._fill(ws)
 
+    def handle_task_output(self, address: str, msg: Message) -> None:
+        """What a run still going printed lately: for the clients waiting for it."""
+        ws = self.workers.get(address)
+        ts = ws.processing.get(msg["run_id"]) if ws is not None else None
+        if ws is not None and ts is not None and ts.processing_on is ws:
+            self._forward_output(ts, ws, msg["output"])
+
     def handle_task_erred(self, address: str, msg: Message) -> None:
         ws = self.workers.get(address)
         ts = self._end_run(ws, msg["run_id"])
@@ -355,6 +373,10 @@ class SchedulerState(RetirementMixin):
         if ts.processing_on is ws and ts.run_id == msg["run_id"]:
             ts.processing_on = None
             ts.run_id = None
+            if self.events is not None:
+                self.events.task_ended(ts.key, ws.name, "erred", msg)
+            if "output" in msg:
+                self._forward_output(ts, ws, msg["output"])
             if ts.retries > 0:
                 ts.retries -= 1
                 ts.state = "released"
@@ -667,6 +689,12 @@ class SchedulerState(RetirementMixin):
         if data is not None:
             message["data"] = data
         return message
+
+    def _forward_output(self, ts: TaskState, ws: WorkerState, output: Any) -> None:
+        """What a run printed, for the clients waiting for it (before its result)."""
+        message = {"op": "task-output", "key": ts.key, "worker": ws.name, "output": output}
+        for wanter in ts.who_wants:
+            self.send(wanter, message)
 
     @staticmethod
     def _erred_message(ts: TaskState) -> Message:

@@ -32,6 +32,14 @@ def check_keys(message: Message) -> list[str]:
     return keys
 
 
+def check_lines(n: Any) -> int | None:
+    """How many log lines a ``logs`` request asks for (None: all kept)."""
+    _expect(
+        n is None or (_is_int(n) and n >= 0), f"'logs' needs 'n': None or a count >= 0, got {n!r}"
+    )
+    return n
+
+
 def check_submit(message: Message) -> list[Message]:
     tasks: Any = message.get("tasks")
     _expect(isinstance(tasks, list), "'submit' needs 'tasks': a list of task maps")

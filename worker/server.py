@@ -15,14 +15,17 @@ import os
 import queue
 import socket
 import threading
+import time
 from typing import Any
 
+from apportion.worker import output
 from apportion.worker.context import TaskInfo, WorkerInfo, set_current
 from apportion.worker.local_resources import LocalResources
 from tornado.ioloop import PeriodicCallback
 
 from apportion import config
 from apportion.aio import background
+from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
 from apportion.protocol.comm import format_address, parse_address
 from apportion.protocol.rpc import ConnectionPool
@@ -51,13 +54,17 @@ class LocalTask:
         "deps",
         "epoch",
         "fetch_keys",
+        "fetched",
         "func",
         "key",
         "notify",
+        "output",
         "priority",
         "run_id",
         "shape",
+        "start",
         "state",
+        "stop",
         "units",
     )
 
@@ -77,6 +84,10 @@ class LocalTask:
         # Dependencies not computed here: fetched from peers and reference-counted.
         self.fetch_keys: list[str] = []
         self.epoch = 0
+        # When it ran (wall clock) and what it printed: see worker/output.py.
+        self.start = self.stop = 0.0
+        self.output: output.Capture | list[list[str]] | None = None
+        self.fetched = 0
 
 
 class Worker:
@@ -152,6 +163,8 @@ class Worker:
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Worker:
         self._loop = asyncio.get_running_loop()
+        output.install()
+        keep_recent_lines()
         for i in range(self.nthreads):
             # Daemon: a task still running when the process exits must not keep it alive.
             thread = threading.Thread(
@@ -240,7 +253,8 @@ class Worker:
     def _send_heartbeat(self) -> None:
         self._start_ready()  # books runs reported by their threads while the loop slept
         if self.scheduler is not None and not self.scheduler.closed:
-            self.scheduler.send({"op": "heartbeat"})
+            self.scheduler.send({"op": "heartbeat", **output.units_held(self.tasks.values())})
+            output.send_running_output(self.tasks.values(), self.scheduler.send)
 
     def _send(self, message: Message) -> None:
         if self.scheduler is not None and not self.scheduler.closed:
@@ -525,6 +539,8 @@ class Worker:
     def _execute(self, task: LocalTask) -> Outcome:
         """Runs in a task thread: returns (ok, value, pickled, traceback)."""
         context = TaskInfo(task.key, dict(task.shape), task.units)
+        task.start = output.begin(task)
+        task.fetched = len(task.fetch_keys)  # _drop forgets them before the loop reports
         try:
             value = self._call(task.func, task.args, context)
             payload = dumps_value(value)
@@ -538,6 +554,9 @@ class Worker:
         except BaseException as exc:
             data, text = dumps_exception(exc)
             return False, None, data, text
+        finally:
+            task.output = output.end()
+            task.stop = time.time()
 
     def _report(self, task: LocalTask, outcome: Outcome) -> bool:
         """In the task thread: tell the scheduler at once when the connection is idle,
@@ -593,7 +612,7 @@ class Worker:
         }
         if len(payload) <= self.inline_limit:
             message["data"] = payload
-        return message
+        return _with_report(message, task)
 
     def _call(self, func: bytes, args: bytes, task: TaskInfo | None) -> Any:
         """Call a pickled function with its arguments, ``get_worker()`` answering meanwhile."""
@@ -675,13 +694,25 @@ def _erred(task: LocalTask, exc: BaseException) -> Message:
 
 
 def _erred_message(task: LocalTask, exception: bytes, traceback: str) -> Message:
-    return {
+    message = {
         "op": "task-erred",
         "key": task.key,
         "run_id": task.run_id,
         "exception": exception,
         "traceback": traceback,
     }
+    return _with_report(message, task)
+
+
+def _with_report(message: Message, task: LocalTask) -> Message:
+    return output.add_run_report(
+        message,
+        task.start,
+        task.stop,
+        task.units,
+        task.fetched,
+        task.output if isinstance(task.output, list) else None,
+    )
 
 
 def _route_ip(scheduler_address: str) -> str:

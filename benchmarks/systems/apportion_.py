@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.cookiejar
 import os
+import threading
+import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 os.environ.setdefault("APPORTION_LOG_LEVEL", "WARNING")
 
@@ -24,17 +27,51 @@ def version() -> str:
 ApportionSession = FuturesSession
 
 
+# APPORTION_BENCH_DASHBOARD=1: the scheduler serves HTTP and a dashboard page is open
+# (reading its pushed updates) for the whole run, to measure what watching costs.
+DASHBOARD = os.environ.get("APPORTION_BENCH_DASHBOARD") == "1"
+
+
 def _cluster(seed: bool) -> LocalCluster:
+    http_port = 0 if DASHBOARD else None
     if seed:
-        return LocalCluster(workers=SEED_WORKERS, host="127.0.0.1")
-    return LocalCluster(n_workers=N_WORKERS, threads_per_worker=1, host="127.0.0.1")
+        return LocalCluster(workers=SEED_WORKERS, host="127.0.0.1", http_port=http_port)
+    return LocalCluster(
+        n_workers=N_WORKERS, threads_per_worker=1, host="127.0.0.1", http_port=http_port
+    )
+
+
+@contextmanager
+def _dashboard_open(cluster: LocalCluster) -> Iterator[None]:
+    """A browser's share of the work: sign in, then read the stream of updates."""
+    browser = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+    )
+    link = cluster.dashboard_link
+    assert link is not None
+    browser.open(link).read()
+    stream = browser.open(link.split("?")[0] + "/events")
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set() and stream.readline():
+            pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        stream.close()
 
 
 @contextmanager
 def session(seed: bool) -> Iterator[ApportionSession]:
     with _cluster(seed) as cluster, Client(cluster) as client:
         client.wait_for_workers(N_WORKERS, timeout=60)
-        yield ApportionSession(client)
+        with _dashboard_open(cluster) if DASHBOARD else nullcontext():
+            yield ApportionSession(client)
 
 
 def scheduler_only(sizes: Sizes) -> dict[str, float]:

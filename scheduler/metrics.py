@@ -1,0 +1,131 @@
+"""``GET /metrics``: the scheduler's state in Prometheus' text format.
+
+Everything is read from the state machine when Prometheus scrapes (a custom collector),
+so nothing is counted on the scheduler's hot path; task durations come from the event
+log, folded into histograms at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from apportion.resources import format_resources
+
+if TYPE_CHECKING:
+    from apportion.scheduler.server import Scheduler
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class SchedulerCollector(Collector):
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.scheduler.state
+        total = GaugeMetricFamily(
+            "apportion_worker_resource_total",
+            "Amount of a resource a worker declared",
+            labels=["worker", "resource"],
+        )
+        used = GaugeMetricFamily(
+            "apportion_worker_resource_used",
+            "Amount of a resource held by the tasks a worker runs",
+            labels=["worker", "resource"],
+        )
+        processing = GaugeMetricFamily(
+            "apportion_worker_tasks_processing",
+            "Tasks assigned to a worker and not yet reported over",
+            labels=["worker"],
+        )
+        held = GaugeMetricFamily(
+            "apportion_worker_results", "Results a worker holds", labels=["worker"]
+        )
+        retiring = GaugeMetricFamily(
+            "apportion_worker_retiring", "1 while a worker is being retired", labels=["worker"]
+        )
+        for ws in state.workers.values():
+            for resource, amount in ws.total.items():
+                total.add_metric([ws.name, resource], amount)
+                used.add_metric([ws.name, resource], ws.used.get(resource, 0))
+            processing.add_metric([ws.name], len(ws.processing))
+            held.add_metric([ws.name], len(ws.has_what))
+            retiring.add_metric([ws.name], int(ws.retiring))
+        yield from (total, used, processing, held, retiring)
+
+        by_state: dict[str, int] = dict.fromkeys(
+            ("released", "waiting", "queued", "no-worker", "processing", "memory", "erred"), 0
+        )
+        for ts in state.tasks.values():
+            by_state[ts.state] = by_state.get(ts.state, 0) + 1
+        tasks = GaugeMetricFamily(
+            "apportion_tasks", "Tasks the scheduler knows, by state", labels=["state"]
+        )
+        for name, count in by_state.items():
+            tasks.add_metric([name], count)
+        yield tasks
+
+        waiting = GaugeMetricFamily(
+            "apportion_waiting_tasks",
+            "Tasks waiting to start, by demand: queued (for free resources on a fitting "
+            "worker) or no-worker (no connected worker could ever run them)",
+            labels=["reason", "resources"],
+        )
+        for shape, count in state.ready.counts().items():
+            waiting.add_metric(["queued", format_resources(dict(shape))], count)
+        for shape, waiters in state.no_worker.items():
+            waiting.add_metric(["no-worker", format_resources(dict(shape))], len(waiters))
+        yield waiting
+
+        connections = GaugeMetricFamily(
+            "apportion_connections", "Connected clients and workers", labels=["role"]
+        )
+        connections.add_metric(["client"], len(state.clients))
+        connections.add_metric(["worker"], len(state.workers))
+        yield connections
+
+        events = state.events
+        if events is None:
+            return
+        durations = HistogramMetricFamily(
+            "apportion_task_duration_seconds",
+            "How long runs took on their worker, by task name prefix",
+            labels=["prefix"],
+        )
+        for prefix, histogram in sorted(events.fold().items()):
+            durations.add_metric([prefix], histogram.cumulative(), histogram.total)
+        yield durations
+        ended = CounterMetricFamily(
+            "apportion_task_runs", "Runs workers reported over, by outcome", labels=["state"]
+        )
+        for outcome, count in sorted(events.ended.items()):
+            ended.add_metric([outcome], count)
+        yield ended
+        yield CounterMetricFamily(
+            "apportion_transfers",
+            "Dependencies workers fetched from other workers for the runs they reported",
+            value=events.transfers,
+        )
+
+
+def scheduler_registry(scheduler: Scheduler) -> CollectorRegistry:
+    """The registry ``/metrics`` serves: the scheduler's state and this process's CPU and
+    memory."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SchedulerCollector(scheduler))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
