@@ -104,9 +104,14 @@ def test_crd_top_level_defaults() -> None:
     spec = spec_schema()
     props = spec["properties"]
     assert spec["type"] == "object"
-    assert props["image"] == {**props["image"], "type": "string", "default": "apportion:0.1.0"}
+    # No schema defaults for the image: the operator fills in the chart's image, pull
+    # policy and pull secrets for clusters that name none.
+    assert props["image"]["type"] == "string" and "default" not in props["image"]
     assert props["imagePullPolicy"]["enum"] == ["Always", "IfNotPresent", "Never"]
-    assert props["imagePullPolicy"]["default"] == "IfNotPresent"
+    assert "default" not in props["imagePullPolicy"]
+    assert props["imagePullSecrets"]["items"]["required"] == ["name"]
+    (ports,) = spec["x-kubernetes-validations"]
+    assert ports["rule"] == "self.scheduler.port != self.scheduler.httpPort"
     # Objects default to {} so that their inner defaults apply when they are left out.
     assert props["auth"]["default"] == {}
     assert props["auth"]["properties"]["enabled"] == {
@@ -128,11 +133,24 @@ def test_crd_scheduler_schema() -> None:
         assert props[port]["default"] == default
     assert props["serviceType"]["enum"] == ["ClusterIP", "NodePort", "LoadBalancer"]
     assert props["serviceType"]["default"] == "ClusterIP"
-    assert props["template"] == {
-        **props["template"],
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": True,
-    }
+    assert_pod_template_schema(props["template"])
+
+
+def assert_pod_template_schema(template: Obj) -> None:
+    """A full pod-template schema (generated from Kubernetes' OpenAPI): unknown fields are
+    refused at admission instead of kept or silently dropped."""
+    text = yaml.safe_dump(template)
+    assert "x-kubernetes-preserve-unknown-fields" not in text and "$ref" not in text
+    assert set(template["properties"]) == {"metadata", "spec"}
+    pod = template["properties"]["spec"]
+    assert "nodeSelector" in pod["properties"] and "nodeSelecter" not in pod["properties"]
+    assert "required" not in pod  # the operator brings the containers
+    container = pod["properties"]["containers"]["items"]
+    assert container["required"] == ["name"]
+    assert container["properties"]["env"]["items"]["required"] == ["name"]
+    limits = container["properties"]["resources"]["properties"]["limits"]
+    assert limits["additionalProperties"] == {"x-kubernetes-int-or-string": True}
+    assert pod["properties"]["tolerations"]["description"]  # what kubectl explain shows
 
 
 def test_crd_worker_groups_schema() -> None:
@@ -155,7 +173,7 @@ def test_crd_worker_groups_schema() -> None:
     assert any("minReplicas <= self.maxReplicas" in r for r in rules)
     assert (props["nthreads"]["type"], props["nthreads"]["minimum"]) == ("integer", 1)
     assert props["nthreads"]["default"] == 1
-    assert props["template"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert_pod_template_schema(props["template"])
 
 
 def test_crd_resources_schema() -> None:
