@@ -1,9 +1,15 @@
 """kopf handlers: level-based reconciliation of ResourceClusters.
 
 Every reconcile reads the spec, builds the children with pure functions, applies them
-(server-side apply: idempotent, safe after an operator restart), observes the pods and
-the scheduler, and writes the status. It runs on create, update and resume, and on a
-short timer so status and scaling follow what happens in the cluster.
+(server-side apply: idempotent, safe after an operator restart), observes the pods (from a
+watch-fed index, never a listing) and the scheduler, and writes the status. It runs on
+create, update and resume, and on a short timer so status and scaling follow what happens
+in the cluster; one at a time per cluster.
+
+A spec is checked before anything is built from it: parsed, its children built, and those
+sent to the API server as a dry run. A spec that fails keeps the cluster on its last valid
+spec (``status.appliedSpec``) with ``Valid=False`` saying why; a failure of any other kind
+ends in ``Reconciled=False``; each announces itself with one Event.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ import dataclasses
 import datetime
 import logging
 import os
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -28,17 +35,39 @@ from apportion.operator.manifests import (
     scheduler_deployment,
     scheduler_service,
     secret_name,
-    selector,
     token_secret,
     worker_pod,
 )
-from apportion.operator.plan import plan
-from apportion.operator.spec import DEFAULT_IMAGE, ClusterSpec, InvalidSpec, parse
-from apportion.operator.status import compute_status, invalid_status, pod_ready
+from apportion.operator.plan import Plan, plan
+from apportion.operator.spec import DEFAULT_IMAGE, ClusterSpec, Defaults, InvalidSpec, parse
+from apportion.operator.status import (
+    compute_status,
+    condition,
+    invalid_status,
+    pod_ready,
+    with_condition,
+)
 
 from apportion.auth import generate_token
 
+logger = logging.getLogger("apportion.operator")
+
 RECONCILE_INTERVAL = float(os.environ.get("APPORTION_OPERATOR_INTERVAL", "2"))
+# The status is rewritten at least this often (its lastObserved), even when nothing changed:
+# a status older than that says no operator is looking.
+HEARTBEAT_SECONDS = 30.0
+MANAGED = {"app.kubernetes.io/managed-by": "apportion-operator"}
+
+# One reconcile at a time per cluster (by uid): the timer and a spec change never overlap.
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+# Each cluster's token, read (or created) once per operator process.
+_tokens: dict[str, str | None] = {}
+
+
+def _lock(uid: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(uid, threading.Lock())
 
 
 @kopf.on.startup()
@@ -46,68 +75,211 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Our own events are explicit (kopf.event/warn); handler log lines stay in the log.
     # (This level also silences kopf.info, hence kopf.event(type="Normal") below.)
     settings.posting.level = logging.WARNING
+    # Only to remove it from clusters an older operator marked (see _no_finalizers below).
     settings.persistence.finalizer = "apportion.dev/operator"
+    # Reconciles are synchronous and may wait on a scheduler's retire call: many clusters
+    # need more threads than the default (CPUs + 4).
+    settings.execution.max_workers = int(os.environ.get("APPORTION_OPERATOR_THREADS", "32"))
+
+
+@kopf.index("pods", labels=MANAGED)
+def cluster_pods(
+    namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[tuple[str, str | None], kopf.Body]:
+    """Every pod the operator made, by (namespace, cluster): a cache fed by one watch."""
+    return {(namespace, labels.get(LABEL_CLUSTER)): body}
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-def on_change(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    reconcile(body, patch)
+def on_change(body: kopf.Body, patch: kopf.Patch, cluster_pods: kopf.Index, **_: Any) -> None:
+    reconcile(body, patch, cluster_pods)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL)
-def on_timer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    reconcile(body, patch)
+def on_timer(body: kopf.Body, patch: kopf.Patch, cluster_pods: kopf.Index, **_: Any) -> None:
+    reconcile(body, patch, cluster_pods, wait=False)
+
+
+def _no_finalizers() -> None:
+    """kopf puts a finalizer on every object a timer watches, so that it can stop the timer
+    before the object goes; without a running operator that blocks deletion (and
+    ``helm uninstall``) forever. Our timer needs no goodbye: the children go with their
+    owner (ownerReferences), and kopf stops a timer when its object is deleted anyway. kopf
+    then also removes the finalizer an older operator added."""
+    spawning = kopf.get_default_registry()._spawning
+    spawning._handlers = [
+        dataclasses.replace(h, requires_finalizer=False) for h in spawning._handlers
+    ]
+
+
+_no_finalizers()
 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def reconcile(body: Mapping[str, Any], patch: kopf.Patch) -> None:
+def _defaults() -> Defaults:
+    """The chart's image, pull policy and pull secrets, for clusters that name none."""
+    secrets = os.environ.get("APPORTION_OPERATOR_IMAGE_PULL_SECRETS", "")
+    return Defaults(
+        image=os.environ.get("APPORTION_OPERATOR_IMAGE", DEFAULT_IMAGE),
+        image_pull_policy=os.environ.get("APPORTION_OPERATOR_IMAGE_PULL_POLICY") or "IfNotPresent",
+        image_pull_secrets=tuple(s.strip() for s in secrets.split(",") if s.strip()),
+    )
+
+
+def reconcile(
+    body: Mapping[str, Any],
+    patch: kopf.Patch,
+    index: Mapping[Any, Iterable[Any]],
+    wait: bool = True,
+) -> None:
+    """One reconcile of one cluster. ``wait``: False for the timer, which skips a round
+    while another reconcile of the same cluster runs."""
     meta, previous = body["metadata"], dict(body.get("status") or {})
     if meta.get("deletionTimestamp"):
         # Going away: its children go with it (ownerReferences); re-applying them now
         # would only race the garbage collector.
         return
-    name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
-    default_image = os.environ.get("APPORTION_OPERATOR_IMAGE", DEFAULT_IMAGE)
-    try:
-        spec = parse(name, namespace, body.get("spec") or {}, default_image)
-    except InvalidSpec as problem:
-        if previous.get("phase") != "Invalid" or previous.get("observedGeneration") != generation:
-            kopf.warn(body, reason="InvalidSpec", message=str(problem))
-        _write_status(patch, previous, invalid_status(str(problem), previous, generation, _now()))
+    lock = _lock(meta["uid"])
+    if not lock.acquire(blocking=wait):
         return
+    try:
+        _reconcile(body, patch, index, previous)
+    except Exception as exc:  # every failure ends in a condition and an Event, never silence
+        logger.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
+        _report_failure(body, patch, previous, _explain(exc))
+    finally:
+        lock.release()
+
+
+def _explain(exc: Exception) -> str:
+    if isinstance(exc, kube.ApiException):
+        return f"the API server answered {exc.status}: {kube.reason(exc)}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _report_failure(
+    owner: Mapping[str, Any], patch: kopf.Patch, previous: Mapping[str, Any], message: str
+) -> None:
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {})
+    if old.get("status") != "False" or old.get("message") != message:
+        kopf.warn(owner, reason="ReconcileFailed", message=message)
+    status = with_condition(
+        previous,
+        condition(previous, "Reconciled", False, "ReconcileFailed", message, _now()),
+    )
+    status.setdefault("phase", "Pending")
+    _write_status(patch, previous, status)
+
+
+def _checked(
+    name: str, namespace: str, raw: Mapping[str, Any], owner: Mapping[str, Any], dry_run: bool
+) -> ClusterSpec:
+    """The spec parsed and every child built from it (and, with ``dry_run``, accepted by
+    the API server without being stored); InvalidSpec says why not."""
+    spec = parse(name, namespace, raw, _defaults())
+    try:
+        children = [scheduler_deployment(spec, owner), scheduler_service(spec, owner)]
+        children += [worker_pod(spec, g, 0, owner) for g in spec.groups]
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise InvalidSpec(f"cannot build the cluster's pods from this spec: {exc!r}") from exc
+    if dry_run:
+        for child in children:
+            refusal = kube.refused(child)
+            if refusal:
+                what = f"{child['kind']} {child['metadata']['name']}"
+                raise InvalidSpec(f"the API server refuses the {what}: {refusal}")
+    return spec
+
+
+def _reconcile(
+    body: Mapping[str, Any],
+    patch: kopf.Patch,
+    index: Mapping[Any, Iterable[Any]],
+    previous: dict[str, Any],
+) -> None:
+    meta = body["metadata"]
+    name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
+    wanted = dict(body.get("spec") or {})
+    applied = previous.get("appliedSpec")
+    problem = None
+    try:
+        spec = _checked(name, namespace, wanted, body, dry_run=wanted != applied)
+        applied = wanted
+    except InvalidSpec as exc:
+        problem = str(exc)
+        _announce_invalid(body, previous, problem)
+        if applied is None:  # never valid: nothing was built, nothing is
+            status = invalid_status(problem, previous, generation, _now())
+            _write_status(patch, previous, status)
+            return
+        # Keep running what the last valid spec said; build nothing from this one.
+        spec = parse(name, namespace, applied, _defaults())
     token = _ensure_token(spec, body)
     kube.apply(scheduler_deployment(spec, body))
     kube.apply(scheduler_service(spec, body))
-    # One listing serves the scheduler lookup, this cluster's workers and the names in use.
-    everything = kube.list_pods(namespace, {})
-    scheduler_ip = _scheduler_ip(_matching(everything, selector(spec, "scheduler")))
+    mine = list(index.get((namespace, name), ()))
+    scheduler_ip = _scheduler_ip(
+        [
+            p
+            for p in mine
+            if p["metadata"]["labels"].get("app.kubernetes.io/component") == "scheduler"
+        ]
+    )
     info = kube.scheduler_info(scheduler_ip, spec.http_port) if scheduler_ip else None
-    pods = _matching(everything, {LABEL_CLUSTER: name, "app.kubernetes.io/component": "worker"})
+    pods = [
+        p for p in mine if p["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+    ]
     connected = {w["name"] for w in (info or {}).get("workers", {}).values()}
-    taken = {p["metadata"]["name"] for p in everything}
+    taken = {
+        p["metadata"]["name"] for key, found in index.items() if key[0] == namespace for p in found
+    }
     before = {
         g["name"]: int(g["desiredReplicas"])
         for g in previous.get("workerGroups") or []
         if "desiredReplicas" in g
     }
     scaling = None
-    if info is None:
-        # Idleness and demand are unknown without the scheduler: keep every target.
+    if info is None or problem is not None:
+        # Idleness and demand are unknown without the scheduler, and an invalid spec
+        # freezes the sizes: keep every target.
         views, _ = observe(spec, pods, {}, before, time.time())
         spec = _sized(spec, {v.name: v.desired for v in views})
     else:
         spec, scaling, removed = _autoscale(spec, body, pods, info, before, scheduler_ip, token)
         pods = [p for p in pods if p["metadata"]["name"] not in removed]
-    failures = _carry_out(spec, body, plan(spec, pods, connected, taken), scheduler_ip, token)
-    status = compute_status(spec, pods, info, previous, generation, _now(), failures, scaling)
+    todo = plan(spec, pods, connected, taken)
+    if problem is not None:
+        # Create nothing while the spec is invalid, and let go of pods not placed yet:
+        # they hold nothing now, but would take resources another cluster may wait for.
+        todo.create = []
+        todo.delete += [
+            p["metadata"]["name"]
+            for p in pods
+            if not p["spec"].get("nodeName") and p["metadata"]["name"] not in todo.delete
+        ]
+    failures = _carry_out(spec, body, todo, scheduler_ip, token)
+    status = compute_status(
+        spec, pods, info, previous, generation, _now(), failures, scaling, invalid=problem
+    )
+    status = with_condition(
+        status,
+        condition(previous, "Reconciled", True, "ReconcileSucceeded", "reconciled", _now()),
+    )
+    status["appliedSpec"] = applied
     _announce_failures(body, previous, failures)
     _announce_unmet_demand(body, previous, status)
     _write_status(patch, previous, status)
+
+
+def _announce_invalid(owner: Mapping[str, Any], previous: Mapping[str, Any], problem: str) -> None:
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Valid"), {})
+    if old.get("status") != "False" or old.get("message") != problem:
+        kopf.warn(owner, reason="InvalidSpec", message=problem)
 
 
 def _autoscale(
@@ -192,19 +364,18 @@ def _retire(
 
 
 def _ensure_token(spec: ClusterSpec, owner: Mapping[str, Any]) -> str | None:
+    """The cluster's token: read once per operator process, the Secret created only when
+    it does not exist (never re-posted with a token thrown away)."""
     if not spec.auth:
         return None
-    kube.create_if_absent(token_secret(spec, owner, generate_token()))
-    return kube.read_token(spec.namespace, secret_name(spec), TOKEN_KEY)
-
-
-def _matching(pods: list[dict[str, Any]], labels: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The pods carrying all of ``labels`` (a label selector, applied locally)."""
-    return [
-        p
-        for p in pods
-        if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())
-    ]
+    uid = owner["metadata"]["uid"]
+    if _tokens.get(uid) is None:
+        token = kube.read_token(spec.namespace, secret_name(spec), TOKEN_KEY)
+        if token is None:
+            kube.create_if_absent(token_secret(spec, owner, generate_token()))
+            token = kube.read_token(spec.namespace, secret_name(spec), TOKEN_KEY)
+        _tokens[uid] = token
+    return _tokens[uid]
 
 
 def _scheduler_ip(scheduler_pods: list[dict[str, Any]]) -> str | None:
@@ -218,19 +389,23 @@ def _scheduler_ip(scheduler_pods: list[dict[str, Any]]) -> str | None:
 def _carry_out(
     spec: ClusterSpec,
     owner: Mapping[str, Any],
-    todo: Any,
+    todo: Plan,
     scheduler_ip: str | None,
     token: str | None,
 ) -> list[str]:
-    """Apply a plan; returns what the API server refused (quota, admission), said plainly."""
+    """Apply a plan; returns what the API server refused (quota, admission), said plainly.
+    Announces what was actually done (a pod another reconcile made already is no news)."""
     failures: list[str] = []
+    done = Plan()
     for pod_name in todo.delete:
-        kube.delete_pod(spec.namespace, pod_name)
+        if kube.delete_pod(spec.namespace, pod_name):
+            done.delete.append(pod_name)
     for group_name, index in todo.create:
         group = spec.group(group_name)
         assert group is not None
         try:
-            kube.create_if_absent(worker_pod(spec, group, index, owner))
+            if kube.create_if_absent(worker_pod(spec, group, index, owner)):
+                done.create.append((group_name, index))
         except kube.ApiException as exc:
             failures.append(f"cannot create worker pod {group_name}-{index}: {kube.reason(exc)}")
     for down in todo.scale_down:
@@ -239,8 +414,10 @@ def _carry_out(
         retired = _retire(owner, spec, scheduler_ip, token, down.candidates, down.count)
         for pod_name in retired:
             kube.delete_pod(spec.namespace, pod_name)
-    if not todo.empty:
-        kopf.event(owner, type="Normal", reason="Reconciled", message=_describe(todo))
+        if retired:
+            done.scale_down.append(dataclasses.replace(down, count=len(retired)))
+    if not done.empty:
+        kopf.event(owner, type="Normal", reason="Reconciled", message=_describe(done))
     return failures
 
 
@@ -259,7 +436,7 @@ def _announce_failures(
         kopf.warn(owner, reason="CreateFailed", message="; ".join(failures))
 
 
-def _describe(todo: Any) -> str:
+def _describe(todo: Plan) -> str:
     parts = []
     if todo.create:
         parts.append(f"creating {len(todo.create)} worker pod(s)")
@@ -288,9 +465,23 @@ def _shape(demand: Mapping[str, Any]) -> tuple:
     return tuple(sorted((demand.get("resources") or {}).items()))
 
 
-def _write_status(
-    patch: kopf.Patch, previous: Mapping[str, Any], status: Mapping[str, Any]
-) -> None:
-    for key in set(previous) | set(status):
-        if previous.get(key) != status.get(key):
-            patch.status[key] = status.get(key)
+def _write_status(patch: kopf.Patch, previous: Mapping[str, Any], status: dict[str, Any]) -> None:
+    """Patch what changed; ``lastObserved`` only every HEARTBEAT_SECONDS when nothing else
+    did, so that an idle cluster costs few writes and a stale status shows its age."""
+    last = previous.get("lastObserved")
+    changed = {k for k in set(previous) | set(status) if k != "lastObserved"}
+    changed = {k for k in changed if previous.get(k) != status.get(k)}
+    if not changed and last and _age(last) < HEARTBEAT_SECONDS:
+        return
+    status["lastObserved"] = _now()
+    for key in changed | {"lastObserved"}:
+        patch.status[key] = status.get(key)
+
+
+def _age(stamp: str) -> float:
+    try:
+        then = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return float("inf")
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    return (now - then).total_seconds()

@@ -95,7 +95,9 @@ def test_crd_printer_columns() -> None:
     assert columns == {
         "Phase": ("string", ".status.phase"),
         "Workers": ("string", ".status.workers"),
+        "Valid": ("string", ".status.conditions[?(@.type==\"Valid\")].status"),
         "Scheduler": ("string", ".status.schedulerAddress"),
+        "Observed": ("date", ".status.lastObserved"),
         "Age": ("date", ".metadata.creationTimestamp"),
     }
 
@@ -281,7 +283,12 @@ def test_chart_metadata_and_values() -> None:
         },
         "logLevel": "INFO",
         "extraArgs": [],
+        "nodeSelector": {},
+        "tolerations": [],
+        "affinity": {},
     }
+    assert values["imagePullSecrets"] == []
+    assert values["networkPolicy"] == {"enabled": False, "clientNamespaceSelector": {}}
     assert values["watch"] == {"namespaces": []}
     assert values["serviceAccount"] == {"create": True, "name": ""}
     assert values["rbac"] == {"create": True}
