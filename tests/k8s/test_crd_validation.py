@@ -70,8 +70,8 @@ def can_i(cluster: Cluster, sa: str, *args: str) -> bool:
 def test_example_applies_with_defaults(crd: Cluster, k8s_namespace: str) -> None:
     crd.kubectl("apply", "-n", k8s_namespace, "-f", str(EXAMPLE))
     spec = get_rc(crd, "pipeline", k8s_namespace)["spec"]
-    assert spec["image"] == "apportion:0.1.0"
-    assert spec["imagePullPolicy"] == "IfNotPresent"
+    # No image defaults in the schema: the operator applies the chart's.
+    assert "image" not in spec and "imagePullPolicy" not in spec
     assert spec["auth"] == {"enabled": True}
     assert spec["scheduler"] == {"port": 8786, "httpPort": 8787, "serviceType": "ClusterIP"}
     assert spec["resourceMap"] == {"GPU": "nvidia.com/gpu", "MEMORY": "memory"}
@@ -88,7 +88,7 @@ def test_minimal_cluster_gets_every_default(crd: Cluster, k8s_namespace: str) ->
         namespace=k8s_namespace,
     )
     bare = get_rc(crd, "bare", k8s_namespace)["spec"]
-    assert bare["image"] == "apportion:0.1.0"
+    assert "image" not in bare
     assert bare["scheduler"]["port"] == 8786
     assert bare["auth"] == {"enabled": True}
     assert "workerGroups" not in bare  # zero groups is valid
@@ -178,11 +178,68 @@ REJECTED = {
         [{"name": "gpu", "minReplicas": 3, "maxReplicas": 2}],
         ["spec.workerGroups[0]", "minReplicas must not exceed maxReplicas"],
     ),
+    "template-containers-not-a-list": (
+        [{"name": "gpu", "template": {"spec": {"containers": "oops"}}}],
+        ["spec.workerGroups[0].template.spec.containers", "must be of type array"],
+    ),
+    "template-env-without-name": (
+        [
+            {
+                "name": "gpu",
+                "template": {"spec": {"containers": [{"name": "worker", "env": [{"value": "1"}]}]}},
+            }
+        ],
+        ["spec.workerGroups[0].template.spec.containers[0].env[0].name: Required value"],
+    ),
     "negative-idle-timeout": (
         [{"name": "gpu", "maxReplicas": 2, "idleTimeoutSeconds": -1}],
         ["spec.workerGroups[0].idleTimeoutSeconds", "should be greater than or equal to 0"],
     ),
 }
+
+
+def test_scheduler_ports_must_differ(crd: Cluster, k8s_namespace: str) -> None:
+    spec = {"scheduler": {"port": 8786, "httpPort": 8786}}
+    manifest = yaml.safe_dump(resource_cluster("same-ports", spec))
+    result = crd.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=manifest, check=False)
+    assert result.returncode != 0, result.stdout
+    assert "scheduler.port and scheduler.httpPort must differ" in result.stderr, result.stderr
+
+
+def test_a_misspelt_template_field_is_refused_not_dropped(crd: Cluster, k8s_namespace: str) -> None:
+    """kubectl validates strictly against the CRD's pod-template schema."""
+    template = {"spec": {"nodeSelecter": {"apportion.dev/node-type": "gpu"}}}
+    manifest = yaml.safe_dump(
+        resource_cluster("typo", {"workerGroups": [{"name": "gpu", "template": template}]})
+    )
+    result = crd.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=manifest, check=False)
+    assert result.returncode != 0, result.stdout
+    assert 'unknown field "spec.workerGroups[0].template.spec.nodeSelecter"' in result.stderr
+    template = {"spec": {"nodeSelector": {"apportion.dev/node-type": "gpu"}}}
+    manifest = yaml.safe_dump(
+        resource_cluster("typo", {"workerGroups": [{"name": "gpu", "template": template}]})
+    )
+    crd.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=manifest)
+    (group,) = get_rc(crd, "typo", k8s_namespace)["spec"]["workerGroups"]
+    assert group["template"] == template
+
+
+def test_kubectl_explain_documents_every_spec_field(crd: Cluster) -> None:
+    spec = crd.kubectl("explain", "resourcecluster.spec").stdout
+    for field in (
+        "image",
+        "imagePullPolicy",
+        "imagePullSecrets",
+        "auth",
+        "scheduler",
+        "resourceMap",
+        "workerGroups",
+    ):
+        assert field in spec, spec
+    group = crd.kubectl("explain", "resourcecluster.spec.workerGroups").stdout
+    assert "<no description>" not in group, group
+    pod = crd.kubectl("explain", "resourcecluster.spec.workerGroups.template.spec").stdout
+    assert "nodeSelector" in pod and "tolerations" in pod
 
 
 @pytest.mark.parametrize("case", sorted(REJECTED))
