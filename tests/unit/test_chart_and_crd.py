@@ -95,7 +95,7 @@ def test_crd_printer_columns() -> None:
     assert columns == {
         "Phase": ("string", ".status.phase"),
         "Workers": ("string", ".status.workers"),
-        "Valid": ("string", ".status.conditions[?(@.type==\"Valid\")].status"),
+        "Valid": ("string", '.status.conditions[?(@.type=="Valid")].status'),
         "Scheduler": ("string", ".status.schedulerAddress"),
         "Observed": ("date", ".status.lastObserved"),
         "Age": ("date", ".metadata.creationTimestamp"),
