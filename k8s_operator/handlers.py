@@ -18,6 +18,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -80,6 +81,16 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Reconciles are synchronous and may wait on a scheduler's retire call: many clusters
     # need more threads than the default (CPUs + 4).
     settings.execution.max_workers = int(os.environ.get("APPORTION_OPERATOR_THREADS", "32"))
+    peering = os.environ.get("APPORTION_OPERATOR_PEERING")
+    if peering:
+        # Several replicas: the one of highest priority acts, the others pause until its
+        # peering record expires (it renews it every lifetime - 5..10 s while alive).
+        # Random priorities: kopf pauses every replica when two priorities are equal.
+        settings.peering.standalone = False
+        settings.peering.mandatory = True
+        settings.peering.name = peering
+        settings.peering.priority = random.randint(1, 2**30)
+        settings.peering.lifetime = int(os.environ.get("APPORTION_OPERATOR_PEERING_LIFETIME", "20"))
 
 
 @kopf.index("pods", labels=MANAGED)

@@ -277,6 +277,7 @@ def test_chart_metadata_and_values() -> None:
     assert values["image"] == {"repository": "apportion", "tag": "", "pullPolicy": "IfNotPresent"}
     assert values["operator"] == {
         "replicas": 1,
+        "peeringLifetime": 20,
         "resources": {
             "requests": {"cpu": "100m", "memory": "128Mi"},
             "limits": {"memory": "256Mi"},

@@ -59,6 +59,9 @@ helm.sh/chart: {{ include "apportion.chart" . }}
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
 {{- end }}
 
 {{/* Cluster-scoped reads that kopf needs in every mode. */}}
