@@ -160,7 +160,9 @@ class KubeCluster:
         status = found.get("status") or {}
         if status.get("observedGeneration") != found["metadata"].get("generation"):
             return False
-        valid = next((c for c in status.get("conditions", []) if c.get("type") == "Valid"), {})
+        valid: dict[str, Any] = next(
+            (c for c in status.get("conditions", []) if c.get("type") == "Valid"), {}
+        )
         if valid.get("status") == "False":
             raise ValueError(f"ResourceCluster {self.name} is invalid: {valid.get('message')}")
         groups = status.get("workerGroups") or []

@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from apportion.operator import kube
@@ -95,8 +95,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.index("pods", labels=MANAGED)
 def cluster_pods(
-    namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
-) -> dict[tuple[str, str | None], kopf.Body]:
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str | None], kopf.Body]:
     """Every pod the operator made, by (namespace, cluster): a cache fed by one watch."""
     return {(namespace, labels.get(LABEL_CLUSTER)): body}
 
@@ -104,13 +104,13 @@ def cluster_pods(
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-def on_change(body: kopf.Body, patch: kopf.Patch, cluster_pods: kopf.Index, **_: Any) -> None:
-    reconcile(body, patch, cluster_pods)
+def on_change(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
+    reconcile(body, patch, kwargs["cluster_pods"])
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL)
-def on_timer(body: kopf.Body, patch: kopf.Patch, cluster_pods: kopf.Index, **_: Any) -> None:
-    reconcile(body, patch, cluster_pods, wait=False)
+def on_timer(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
+    reconcile(body, patch, kwargs["cluster_pods"], wait=False)
 
 
 def _no_finalizers() -> None:
@@ -126,6 +126,14 @@ def _no_finalizers() -> None:
 
 
 _no_finalizers()
+
+
+def _event(owner: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
+    kopf.event(cast(kopf.Body, owner), type=type, reason=reason, message=message)
+
+
+def _warn(owner: Mapping[str, Any], *, reason: str, message: str) -> None:
+    kopf.warn(cast(kopf.Body, owner), reason=reason, message=message)
 
 
 def _now() -> str:
@@ -176,9 +184,11 @@ def _explain(exc: Exception) -> str:
 def _report_failure(
     owner: Mapping[str, Any], patch: kopf.Patch, previous: Mapping[str, Any], message: str
 ) -> None:
-    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {})
+    old: Mapping[str, Any] = next(
+        (c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {}
+    )
     if old.get("status") != "False" or old.get("message") != message:
-        kopf.warn(owner, reason="ReconcileFailed", message=message)
+        _warn(owner, reason="ReconcileFailed", message=message)
     status = with_condition(
         previous,
         condition(previous, "Reconciled", False, "ReconcileFailed", message, _now()),
@@ -288,9 +298,11 @@ def _reconcile(
 
 
 def _announce_invalid(owner: Mapping[str, Any], previous: Mapping[str, Any], problem: str) -> None:
-    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Valid"), {})
+    old: Mapping[str, Any] = next(
+        (c for c in previous.get("conditions") or [] if c.get("type") == "Valid"), {}
+    )
     if old.get("status") != "False" or old.get("message") != problem:
-        kopf.warn(owner, reason="InvalidSpec", message=problem)
+        _warn(owner, reason="InvalidSpec", message=problem)
 
 
 def _autoscale(
@@ -317,7 +329,7 @@ def _autoscale(
     for group, reason in decision.reasons.items():
         if decision.targets[group] != desired[group]:
             verb = "ScaledUp" if decision.targets[group] > desired[group] else "ScaledDown"
-            kopf.event(
+            _event(
                 owner,
                 type="Normal",
                 reason=verb,
@@ -370,7 +382,7 @@ def _retire(
     those safe to stop and announces any it kept, with its reason."""
     retired, kept = kube.retire(scheduler_ip, spec.http_port, token, names, count)
     for name, why in sorted(kept.items()):
-        kopf.warn(owner, reason="RetireDeferred", message=f"worker {name} kept: {why}")
+        _warn(owner, reason="RetireDeferred", message=f"worker {name} kept: {why}")
     return retired
 
 
@@ -428,7 +440,7 @@ def _carry_out(
         if retired:
             done.scale_down.append(dataclasses.replace(down, count=len(retired)))
     if not done.empty:
-        kopf.event(owner, type="Normal", reason="Reconciled", message=_describe(done))
+        _event(owner, type="Normal", reason="Reconciled", message=_describe(done))
     return failures
 
 
@@ -444,7 +456,7 @@ def _announce_failures(
         None,
     )
     if failures and "; ".join(failures) != before:
-        kopf.warn(owner, reason="CreateFailed", message="; ".join(failures))
+        _warn(owner, reason="CreateFailed", message="; ".join(failures))
 
 
 def _describe(todo: Plan) -> str:
@@ -464,7 +476,7 @@ def _announce_unmet_demand(
     seen = {_shape(d) for d in previous.get("unmetDemand") or []}
     for demand in status.get("unmetDemand") or []:
         if _shape(demand) not in seen:
-            kopf.warn(
+            _warn(
                 owner,
                 reason="UnmetDemand",
                 message=f"{demand['tasks']} task(s) wait for {demand['resources']}: "

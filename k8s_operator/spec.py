@@ -23,7 +23,7 @@ DEFAULT_IDLE_TIMEOUT = 60.0  # seconds a worker of an autoscaled group may idle 
 _K8S_RESOURCE = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
-_SUFFIXES = {
+_SUFFIXES: dict[str, int | Decimal] = {
     "Ki": 2**10,
     "Mi": 2**20,
     "Gi": 2**30,

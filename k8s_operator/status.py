@@ -31,7 +31,9 @@ def unschedulable(pod: Mapping[str, Any]) -> str | None:
 def condition(
     previous: Mapping[str, Any], kind: str, ok: bool, reason: str, message: str, now: str
 ) -> dict[str, Any]:
-    old = next((c for c in previous.get("conditions") or [] if c.get("type") == kind), {})
+    old: Mapping[str, Any] = next(
+        (c for c in previous.get("conditions") or [] if c.get("type") == kind), {}
+    )
     status = "True" if ok else "False"
     since = old.get("lastTransitionTime") if old.get("status") == status else None
     return {
@@ -130,7 +132,7 @@ def compute_status(
         if not settled or updated_connected < group.replicas:
             # A size being changed on purpose (by the autoscaler, or by a new replicas
             # still being carried out) is Scaling; workers lost otherwise are Degraded.
-            before = next(
+            before: Mapping[str, Any] = next(
                 (g for g in previous.get("workerGroups") or [] if g.get("name") == group.name),
                 {},
             )
@@ -205,7 +207,9 @@ def _autoscaling_status(
     group: GroupSpec, previous: Mapping[str, Any], scaling: Scaling | None, now: str
 ) -> dict[str, Any]:
     """Bounds and the last scaling decision of an autoscaled group (kept until the next)."""
-    old = next((g for g in previous.get("workerGroups") or [] if g.get("name") == group.name), {})
+    old: Mapping[str, Any] = next(
+        (g for g in previous.get("workerGroups") or [] if g.get("name") == group.name), {}
+    )
     fields: dict[str, Any] = {
         "minReplicas": group.min_replicas,
         "maxReplicas": group.max_replicas,
