@@ -27,16 +27,22 @@ from typing import Any, cast
 import kopf
 from apportion.operator import kube
 from apportion.operator.autoscale import Scaling, decide, observe, unmet_demand
+from apportion.operator.groups import sync
 from apportion.operator.manifests import (
     GROUP,
     LABEL_CLUSTER,
     PLURAL,
+    SYNCED_ANNOTATION,
     TOKEN_KEY,
     VERSION,
+    WORKER_GROUP_KIND,
+    WORKER_GROUP_PLURAL,
+    group_selector,
     scheduler_deployment,
     scheduler_service,
     secret_name,
     token_secret,
+    worker_group_object,
     worker_pod,
 )
 from apportion.operator.plan import Plan, plan
@@ -101,16 +107,24 @@ def cluster_pods(
     return {(namespace, labels.get(LABEL_CLUSTER)): body}
 
 
+@kopf.index(GROUP, VERSION, WORKER_GROUP_PLURAL, labels=MANAGED)
+def worker_groups(
+    namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str | None], kopf.Body]:
+    """Every ResourceWorkerGroup, by (namespace, cluster)."""
+    return {(namespace, labels.get(LABEL_CLUSTER)): body}
+
+
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 def on_change(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
-    reconcile(body, patch, kwargs["cluster_pods"])
+    reconcile(body, patch, kwargs["cluster_pods"], kwargs["worker_groups"])
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL)
 def on_timer(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
-    reconcile(body, patch, kwargs["cluster_pods"], wait=False)
+    reconcile(body, patch, kwargs["cluster_pods"], kwargs["worker_groups"], wait=False)
 
 
 def _no_finalizers() -> None:
@@ -154,6 +168,7 @@ def reconcile(
     body: Mapping[str, Any],
     patch: kopf.Patch,
     index: Mapping[Any, Iterable[Any]],
+    handles: Mapping[Any, Iterable[Any]],
     wait: bool = True,
 ) -> None:
     """One reconcile of one cluster. ``wait``: False for the timer, which skips a round
@@ -167,7 +182,7 @@ def reconcile(
     if not lock.acquire(blocking=wait):
         return
     try:
-        _reconcile(body, patch, index, previous)
+        _reconcile(body, patch, index, handles, previous)
     except Exception as exc:  # every failure ends in a condition and an Event, never silence
         logger.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
         _report_failure(body, patch, previous, _explain(exc))
@@ -221,6 +236,7 @@ def _reconcile(
     body: Mapping[str, Any],
     patch: kopf.Patch,
     index: Mapping[Any, Iterable[Any]],
+    handles_index: Mapping[Any, Iterable[Any]],
     previous: dict[str, Any],
 ) -> None:
     meta = body["metadata"]
@@ -240,6 +256,11 @@ def _reconcile(
             return
         # Keep running what the last valid spec said; build nothing from this one.
         spec = parse(name, namespace, applied, _defaults())
+    handles = {
+        h["spec"]["group"]: h for h in handles_index.get((namespace, name), ()) if h.get("spec")
+    }
+    if problem is None and _sync_worker_groups(spec, body, generation or 0, handles):
+        return  # the cluster's spec changed: its update reconciles it next
     token = _ensure_token(spec, body)
     kube.apply(scheduler_deployment(spec, body))
     kube.apply(scheduler_service(spec, body))
@@ -292,9 +313,87 @@ def _reconcile(
         condition(previous, "Reconciled", True, "ReconcileSucceeded", "reconciled", _now()),
     )
     status["appliedSpec"] = applied
+    _report_worker_groups(spec, handles, status)
     _announce_failures(body, previous, failures)
     _announce_unmet_demand(body, previous, status)
     _write_status(patch, previous, status)
+
+
+def _sync_worker_groups(
+    spec: ClusterSpec,
+    owner: Mapping[str, Any],
+    generation: int,
+    handles: Mapping[str, Mapping[str, Any]],
+) -> bool:
+    """Keep each group's ResourceWorkerGroup and the cluster in step (see groups.py).
+    True when a scaled handle was written into the cluster's spec."""
+    todo = sync(spec, generation, handles)
+    for group_name in todo.write:
+        group = spec.group(group_name)
+        assert group is not None
+        kube.apply(worker_group_object(spec, group, owner, generation))
+    for group_name in todo.remove:
+        kube.delete(
+            f"{GROUP}/{VERSION}",
+            WORKER_GROUP_KIND,
+            spec.namespace,
+            handles[group_name]["metadata"]["name"],
+        )
+    if not todo.scaled:
+        return False
+    groups = [dict(g) for g in owner["spec"].get("workerGroups") or []]
+    for raw in groups:
+        if raw["name"] in todo.scaled:
+            for key in ("minReplicas", "maxReplicas", "idleTimeoutSeconds"):
+                raw.pop(key, None)
+            raw["replicas"] = todo.scaled[raw["name"]]
+    # resourceVersion: a concurrent edit of the cluster fails this patch (next round).
+    stored = kube.patch(
+        f"{GROUP}/{VERSION}",
+        "ResourceCluster",
+        spec.namespace,
+        spec.name,
+        {
+            "metadata": {"resourceVersion": owner["metadata"]["resourceVersion"]},
+            "spec": {"workerGroups": groups},
+        },
+    )
+    for group_name, replicas in sorted(todo.scaled.items()):
+        handle = handles[group_name]["metadata"]["name"]
+        kube.patch(
+            f"{GROUP}/{VERSION}",
+            WORKER_GROUP_KIND,
+            spec.namespace,
+            handle,
+            {"metadata": {"annotations": {SYNCED_ANNOTATION: str(stored.metadata.generation)}}},
+        )
+        _event(
+            owner,
+            type="Normal",
+            reason="Scaled",
+            message=f"group {group_name}: {replicas} worker(s), from {WORKER_GROUP_KIND} {handle}",
+        )
+    return True
+
+
+def _report_worker_groups(
+    spec: ClusterSpec, handles: Mapping[str, Mapping[str, Any]], status: Mapping[str, Any]
+) -> None:
+    """Each handle's status: the group's connected workers and its pods' selector."""
+    connected = {g["name"]: g["connectedWorkers"] for g in status.get("workerGroups") or []}
+    for group in spec.groups:
+        handle = handles.get(group.name)
+        if handle is None:
+            continue
+        wanted = {"replicas": connected.get(group.name, 0), "selector": group_selector(spec, group)}
+        if dict(handle.get("status") or {}) != wanted:
+            kube.patch_status(
+                f"{GROUP}/{VERSION}",
+                WORKER_GROUP_KIND,
+                spec.namespace,
+                handle["metadata"]["name"],
+                wanted,
+            )
 
 
 def _announce_invalid(owner: Mapping[str, Any], previous: Mapping[str, Any], problem: str) -> None:

@@ -158,3 +158,35 @@ def retire(
         logger.warning("scheduler did not retire workers %s: %s", names, exc)
         return [], {}
     return list(answer.get("retired") or []), dict(answer.get("kept") or {})
+
+
+def patch(api_version: str, kind: str, namespace: str, name: str, body: Mapping[str, Any]) -> Any:
+    """A merge patch; returns the object as the API server stored it."""
+    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    return resource.patch(
+        body=dict(body),
+        name=name,
+        namespace=namespace,
+        content_type="application/merge-patch+json",
+    )
+
+
+def patch_status(
+    api_version: str, kind: str, namespace: str, name: str, status: Mapping[str, Any]
+) -> None:
+    resource = dynamic().resources.get(api_version=api_version, kind=kind).subresources["status"]
+    resource.patch(
+        body={"status": dict(status)},
+        name=name,
+        namespace=namespace,
+        content_type="application/merge-patch+json",
+    )
+
+
+def delete(api_version: str, kind: str, namespace: str, name: str) -> None:
+    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    try:
+        resource.delete(name=name, namespace=namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise

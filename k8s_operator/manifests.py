@@ -282,3 +282,32 @@ def worker_pod(
         "spec": {"restartPolicy": "Always", "containers": [container], **_pull_secrets(spec)},
     }
     return _merge_pod(group.template, generated, "worker")
+
+
+WORKER_GROUP_KIND, WORKER_GROUP_PLURAL = "ResourceWorkerGroup", "resourceworkergroups"
+# The cluster generation a ResourceWorkerGroup's replicas were last taken from.
+SYNCED_ANNOTATION = "apportion.dev/cluster-generation"
+
+
+def worker_group_name(spec: ClusterSpec, group: GroupSpec) -> str:
+    return f"{spec.name}-{group.name}"
+
+
+def group_selector(spec: ClusterSpec, group: GroupSpec) -> str:
+    """Label selector of a group's worker pods, as a string (a scale subresource's)."""
+    return f"{LABEL_CLUSTER}={spec.name},{LABEL_GROUP}={group.name}"
+
+
+def worker_group_object(
+    spec: ClusterSpec, group: GroupSpec, owner: Mapping[str, Any], generation: int
+) -> Manifest:
+    """The ResourceWorkerGroup of a group: its replicas as the cluster's spec says at
+    ``generation``."""
+    metadata = _metadata(spec, worker_group_name(spec, group), owner, "worker-group", group.name)
+    metadata["annotations"] = {SYNCED_ANNOTATION: str(generation)}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": WORKER_GROUP_KIND,
+        "metadata": metadata,
+        "spec": {"cluster": spec.name, "group": group.name, "replicas": group.replicas},
+    }

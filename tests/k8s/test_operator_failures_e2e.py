@@ -358,3 +358,46 @@ def test_deleting_a_cluster_works_while_no_operator_runs(deployed: Deployment) -
             ),
             "the operator back",
         )
+
+
+# ----- kubectl scale per worker group -----------------------------------------------------
+
+
+def test_kubectl_scale_sizes_one_worker_group(deployed: Deployment) -> None:
+    groups = [
+        {"name": "cpu", "replicas": 1, "resources": {"process": 1}},
+        {"name": "mem", "replicas": 1, "resources": {"MEMORY": 1e9}},
+    ]
+    apply(deployed, resource_cluster("scaled", 11486, groups))
+    deployed.wait_running("scaled", {"cpu": 1, "mem": 1})
+
+    def handle(name: str) -> Obj | None:
+        found = deployed.kubectl("get", "rworkergroup", name, "-o", "json", check=False)
+        return json.loads(found.stdout) if found.returncode == 0 else None
+
+    deployed.wait(lambda: handle("scaled-cpu") and handle("scaled-mem"), "one handle per group")
+    mem_uid = deployed.pods("apportion.dev/cluster=scaled,apportion.dev/group=mem")[0]["metadata"][
+        "uid"
+    ]
+    deployed.kubectl("scale", "rworkergroup", "scaled-cpu", "--replicas=2")
+    deployed.wait_running("scaled", {"cpu": 2, "mem": 1})
+    cpu = next(g for g in deployed.rc("scaled")["spec"]["workerGroups"] if g["name"] == "cpu")
+    assert cpu["replicas"] == 2
+    deployed.wait(
+        lambda: (
+            (handle("scaled-cpu") or {}).get("status")
+            == {"replicas": 2, "selector": "apportion.dev/cluster=scaled,apportion.dev/group=cpu"}
+        ),
+        "the handle's status: two connected workers",
+    )
+    pods = deployed.pods("apportion.dev/cluster=scaled,apportion.dev/group=mem")
+    assert [p["metadata"]["uid"] for p in pods] == [mem_uid], "the other group untouched"
+
+    # An edit of the cluster's group shows on its handle.
+    patch_groups(deployed, "scaled", [{**groups[0], "replicas": 1}, groups[1]])
+    deployed.wait(
+        lambda: (handle("scaled-cpu") or {}).get("spec", {}).get("replicas") == 1,
+        "the handle follows the cluster",
+    )
+    deployed.wait_running("scaled", {"cpu": 1, "mem": 1})
+    deployed.kubectl("delete", "resourcecluster", "scaled", "--wait=true")

@@ -66,6 +66,21 @@ def test_chart_crd_is_byte_identical_to_crds_folder() -> None:
     )
 
 
+def test_every_crd_of_the_chart_is_a_copy_of_crds_folder() -> None:
+    for name in ("resourceclusters.apportion.dev.yaml", "resourceworkergroups.apportion.dev.yaml"):
+        assert (CHART / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), name
+
+
+def test_worker_groups_have_a_scale_subresource() -> None:
+    crd = yaml.safe_load((ROOT / "crds" / "resourceworkergroups.apportion.dev.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+
+
 def test_crd_names_and_version() -> None:
     crd = load_crd()
     assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
