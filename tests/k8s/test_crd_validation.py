@@ -35,7 +35,14 @@ RESOURCE_NAME_MESSAGE = (
 def crd(k8s_cluster: Cluster) -> Cluster:
     """The CRD, applied (idempotently) and Established."""
     k8s_cluster.kubectl("apply", "-f", str(CRD_FILE))
-    k8s_cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+
+    def established() -> bool:
+        # Not `kubectl wait`: it fails outright while a new CRD has no conditions yet.
+        found = json.loads(k8s_cluster.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
+        conditions = (found.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    k8s_cluster.wait_for(established, f"{CRD_NAME} Established", 60)
     return k8s_cluster
 
 
@@ -308,8 +315,9 @@ def test_status_subresource_and_printer_columns(crd: Cluster, k8s_namespace: str
 
     for name in ("resourceclusters", "resourcecluster", "rcluster", CRD_NAME):
         out = crd.kubectl("get", name, "-n", k8s_namespace).stdout.splitlines()
-        assert out[0].split() == ["NAME", "PHASE", "WORKERS", "SCHEDULER", "AGE"], out
-        row = out[1].split()
+        header = ["NAME", "PHASE", "WORKERS", "VALID", "SCHEDULER", "OBSERVED", "AGE"]
+        assert out[0].split() == header, out
+        row = out[1].split()  # VALID and OBSERVED are blank: this status has neither
         assert row[:4] == ["pipeline", "Running", "3/3", status["schedulerAddress"]], out
 
 

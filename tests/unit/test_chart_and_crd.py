@@ -127,8 +127,8 @@ def test_crd_top_level_defaults() -> None:
     assert props["imagePullPolicy"]["enum"] == ["Always", "IfNotPresent", "Never"]
     assert "default" not in props["imagePullPolicy"]
     assert props["imagePullSecrets"]["items"]["required"] == ["name"]
-    (ports,) = spec["x-kubernetes-validations"]
-    assert ports["rule"] == "self.scheduler.port != self.scheduler.httpPort"
+    (ports,) = props["scheduler"]["x-kubernetes-validations"]
+    assert ports["rule"] == "!has(self.port) || !has(self.httpPort) || self.port != self.httpPort"
     # Objects default to {} so that their inner defaults apply when they are left out.
     assert props["auth"]["default"] == {}
     assert props["auth"]["properties"]["enabled"] == {
