@@ -70,6 +70,26 @@ _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 # Each cluster's token, read (or created) once per operator process.
 _tokens: dict[str, str | None] = {}
+# The last problem announced per (cluster uid, Event reason): a reconcile that started from
+# an older body (the timer's, queued behind a change) must not announce it again.
+_announced: dict[tuple[str, str], str] = {}
+
+
+def _announce_once(
+    owner: Mapping[str, Any], previous: Mapping[str, Any], kind: str, reason: str, message: str
+) -> None:
+    """One warning Event per problem: not when the status's ``kind`` condition already
+    says it (announced before a restart), nor when this process announced it already."""
+    old: Mapping[str, Any] = next(
+        (c for c in previous.get("conditions") or [] if c.get("type") == kind), {}
+    )
+    key = (owner["metadata"]["uid"], reason)
+    if (old.get("status") == "False" and old.get("message") == message) or _announced.get(
+        key
+    ) == message:
+        return
+    _announced[key] = message
+    _warn(owner, reason=reason, message=message)
 
 
 def _lock(uid: str) -> threading.Lock:
@@ -199,11 +219,7 @@ def _explain(exc: Exception) -> str:
 def _report_failure(
     owner: Mapping[str, Any], patch: kopf.Patch, previous: Mapping[str, Any], message: str
 ) -> None:
-    old: Mapping[str, Any] = next(
-        (c for c in previous.get("conditions") or [] if c.get("type") == "Reconciled"), {}
-    )
-    if old.get("status") != "False" or old.get("message") != message:
-        _warn(owner, reason="ReconcileFailed", message=message)
+    _announce_once(owner, previous, "Reconciled", "ReconcileFailed", message)
     status = with_condition(
         previous,
         condition(previous, "Reconciled", False, "ReconcileFailed", message, _now()),
@@ -247,9 +263,10 @@ def _reconcile(
     try:
         spec = _checked(name, namespace, wanted, body, dry_run=wanted != applied)
         applied = wanted
+        _forget(body, "InvalidSpec")
     except InvalidSpec as exc:
         problem = str(exc)
-        _announce_invalid(body, previous, problem)
+        _announce_once(body, previous, "Valid", "InvalidSpec", problem)
         if applied is None:  # never valid: nothing was built, nothing is
             status = invalid_status(problem, previous, generation, _now())
             _write_status(patch, previous, status)
@@ -313,6 +330,7 @@ def _reconcile(
         condition(previous, "Reconciled", True, "ReconcileSucceeded", "reconciled", _now()),
     )
     status["appliedSpec"] = applied
+    _forget(body, "ReconcileFailed")
     _report_worker_groups(spec, handles, status)
     _announce_failures(body, previous, failures)
     _announce_unmet_demand(body, previous, status)
@@ -394,14 +412,6 @@ def _report_worker_groups(
                 handle["metadata"]["name"],
                 wanted,
             )
-
-
-def _announce_invalid(owner: Mapping[str, Any], previous: Mapping[str, Any], problem: str) -> None:
-    old: Mapping[str, Any] = next(
-        (c for c in previous.get("conditions") or [] if c.get("type") == "Valid"), {}
-    )
-    if old.get("status") != "False" or old.get("message") != problem:
-        _warn(owner, reason="InvalidSpec", message=problem)
 
 
 def _autoscale(
@@ -546,16 +556,15 @@ def _carry_out(
 def _announce_failures(
     owner: Mapping[str, Any], previous: Mapping[str, Any], failures: list[str]
 ) -> None:
-    before = next(
-        (
-            c.get("message")
-            for c in previous.get("conditions") or []
-            if c.get("type") == "ChildrenCreated"
-        ),
-        None,
-    )
-    if failures and "; ".join(failures) != before:
-        _warn(owner, reason="CreateFailed", message="; ".join(failures))
+    if failures:
+        _announce_once(owner, previous, "ChildrenCreated", "CreateFailed", "; ".join(failures))
+    else:
+        _forget(owner, "CreateFailed")
+
+
+def _forget(owner: Mapping[str, Any], reason: str) -> None:
+    """The problem announced under ``reason`` is over: announce it again if it comes back."""
+    _announced.pop((owner["metadata"]["uid"], reason), None)
 
 
 def _describe(todo: Plan) -> str:

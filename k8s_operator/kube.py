@@ -82,16 +82,16 @@ def delete_pod(namespace: str, name: str) -> bool:
 def refused(manifest: Mapping[str, Any]) -> str | None:
     """Why the API server would refuse ``manifest`` (a dry run stores nothing), or None.
 
-    Pods are tried as a create under a generated name (an existing pod cannot change its
-    spec); everything else as the server-side apply the operator will do. Only a refusal of
-    the object itself counts: anything else (a timeout, a 503) is raised.
+    Pods are tried as a create (an existing pod cannot change its spec; validation comes
+    before the name clash, so AlreadyExists means accepted); everything else as the
+    server-side apply the operator will do. Only a refusal of the object itself counts:
+    anything else (a timeout, a 503) is raised.
     """
     resource = dynamic().resources.get(api_version=manifest["apiVersion"], kind=manifest["kind"])
     body = copy.deepcopy(dict(manifest))
     namespace = body["metadata"].get("namespace")
     try:
         if body["kind"] == "Pod":
-            body["metadata"]["generateName"] = body["metadata"].pop("name") + "-"
             resource.create(body=body, namespace=namespace, dry_run="All")
         else:
             resource.server_side_apply(
@@ -103,6 +103,8 @@ def refused(manifest: Mapping[str, Any]) -> str | None:
                 dry_run="All",
             )
     except ApiException as exc:
+        if exc.status == 409 and body["kind"] == "Pod":
+            return None
         # 500 here is the apply machinery refusing the object (e.g. a duplicate list key).
         if exc.status in (400, 422) or (exc.status == 500 and "typed" in (exc.body or "")):
             return reason(exc)

@@ -411,7 +411,7 @@ def test_template_cluster_wide() -> None:
         "--all-namespaces",
         "--log-level",
         "INFO",
-        "--liveness=http://0.0.0.0:8080/healthz",
+        "--liveness=http://$(POD_IP):8080/healthz",
     ]
     assert {"name": "APPORTION_OPERATOR_IMAGE", "value": "apportion:0.1.0"} in container["env"]
     security = container["securityContext"]
@@ -469,7 +469,7 @@ def test_template_namespaced() -> None:
         "team-b",
         "--log-level",
         "DEBUG",
-        "--liveness=http://0.0.0.0:8080/healthz",
+        "--liveness=http://$(POD_IP):8080/healthz",
         "--verbose",
     ]
     image = "registry.example/apportion:1.2.3"
