@@ -144,11 +144,10 @@ class KubeCluster:
 
     @property
     def scheduler_address(self) -> str:
-        """Where a Client connects: the Service name in-cluster; from outside, the
-        scheduler pod's IP, looked up again once the pod there stops answering (a
-        restarted scheduler pod has a new IP)."""
-        if self._address is None or not _answers(self._address):
-            self._address = self._reachable_address()
+        """Where a Client connects: the Service name in-cluster; from outside, the IP of
+        the scheduler pod serving now (looked up on each read: a restarted scheduler pod
+        has a new IP, and the old one may still answer while it shuts down)."""
+        self._address = self._reachable_address()
         return self._address
 
     @property
@@ -302,11 +301,6 @@ class KubeCluster:
 
     def __repr__(self) -> str:
         return f"<KubeCluster {self.namespace}/{self.name} at {self._address or '?'}>"
-
-
-def _answers(address: str) -> bool:
-    host, port = parse_address(address)
-    return _can_connect(host, port)
 
 
 def _can_connect(host: str, port: int) -> bool:

@@ -365,17 +365,21 @@ def _sync_worker_groups(
             for key in ("minReplicas", "maxReplicas", "idleTimeoutSeconds"):
                 raw.pop(key, None)
             raw["replicas"] = todo.scaled[raw["name"]]
-    # resourceVersion: a concurrent edit of the cluster fails this patch (next round).
-    stored = kube.patch(
-        f"{GROUP}/{VERSION}",
-        "ResourceCluster",
-        spec.namespace,
-        spec.name,
-        {
-            "metadata": {"resourceVersion": owner["metadata"]["resourceVersion"]},
-            "spec": {"workerGroups": groups},
-        },
-    )
+    try:
+        stored = kube.patch(
+            f"{GROUP}/{VERSION}",
+            "ResourceCluster",
+            spec.namespace,
+            spec.name,
+            {
+                "metadata": {"resourceVersion": owner["metadata"]["resourceVersion"]},
+                "spec": {"workerGroups": groups},
+            },
+        )
+    except kube.ApiException as exc:
+        if exc.status == 409:  # the cluster changed since this body was read: next round
+            return True
+        raise
     for group_name, replicas in sorted(todo.scaled.items()):
         handle = handles[group_name]["metadata"]["name"]
         kube.patch(

@@ -317,7 +317,8 @@ def test_kubecluster_errors_are_plain_and_it_follows_a_restarted_scheduler(
         return bool(fresh) and deployed.group("mover", "cpu").get("connectedWorkers") == 1
 
     deployed.wait(new_scheduler_serving, "a new scheduler pod with its worker back", timeout=180)
-    assert cluster.scheduler_address != first
+    (new,) = deployed.pods("app.kubernetes.io/instance=mover,app.kubernetes.io/component=scheduler")
+    assert cluster.scheduler_address == f"tcp://{new['status']['podIP']}:11186" != first
     with Client(cluster) as client:
         assert client.submit(whoami, pure=False).result(timeout=60) == "mover-cpu-0"
     cluster.close()
