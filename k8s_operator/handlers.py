@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
+import json
 import logging
 import os
 import random
@@ -68,6 +70,9 @@ MANAGED = {"app.kubernetes.io/managed-by": "apportion-operator"}
 # One reconcile at a time per cluster (by uid): the timer and a spec change never overlap.
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
+# What was last applied per (cluster uid, kind): a hash of the manifest. A child is applied
+# again only when its manifest changed or it is gone (not every 2 s per cluster).
+_applied: dict[tuple[str, str], str] = {}
 # Each cluster's token, read (or created) once per operator process.
 _tokens: dict[str, str | None] = {}
 # The last problem announced per (cluster uid, Event reason): a reconcile that started from
@@ -127,6 +132,28 @@ def cluster_pods(
     return {(namespace, labels.get(LABEL_CLUSTER)): body}
 
 
+def _child(
+    namespace: str | None, name: str, labels: Mapping[str, str], body: kopf.Body
+) -> dict[tuple[str | None, str | None], str]:
+    return {(namespace, labels.get(LABEL_CLUSTER)): f"{body['kind']}/{name}"}
+
+
+@kopf.index("apps", "v1", "deployments", labels=MANAGED)
+def scheduler_deployments(
+    namespace: str | None, name: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str | None], str]:
+    """Which scheduler Deployments exist, by (namespace, cluster)."""
+    return _child(namespace, name, labels, body)
+
+
+@kopf.index("services", labels=MANAGED)
+def scheduler_services(
+    namespace: str | None, name: str, labels: Mapping[str, str], body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str | None], str]:
+    """Which scheduler Services exist, by (namespace, cluster)."""
+    return _child(namespace, name, labels, body)
+
+
 @kopf.index(GROUP, VERSION, WORKER_GROUP_PLURAL, labels=MANAGED)
 def worker_groups(
     namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
@@ -139,12 +166,12 @@ def worker_groups(
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 def on_change(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
-    reconcile(body, patch, kwargs["cluster_pods"], kwargs["worker_groups"])
+    reconcile(body, patch, kwargs)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL)
 def on_timer(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
-    reconcile(body, patch, kwargs["cluster_pods"], kwargs["worker_groups"], wait=False)
+    reconcile(body, patch, kwargs, wait=False)
 
 
 def _no_finalizers() -> None:
@@ -187,12 +214,12 @@ def _defaults() -> Defaults:
 def reconcile(
     body: Mapping[str, Any],
     patch: kopf.Patch,
-    index: Mapping[Any, Iterable[Any]],
-    handles: Mapping[Any, Iterable[Any]],
+    indexes: Mapping[str, Any],
     wait: bool = True,
 ) -> None:
-    """One reconcile of one cluster. ``wait``: False for the timer, which skips a round
-    while another reconcile of the same cluster runs."""
+    """One reconcile of one cluster. ``indexes``: kopf's (cluster_pods,
+    scheduler_deployments, scheduler_services, worker_groups); ``wait``: False for the
+    timer, which skips a round while another reconcile of the same cluster runs."""
     meta, previous = body["metadata"], dict(body.get("status") or {})
     if meta.get("deletionTimestamp"):
         # Going away: its children go with it (ownerReferences); re-applying them now
@@ -202,7 +229,7 @@ def reconcile(
     if not lock.acquire(blocking=wait):
         return
     try:
-        _reconcile(body, patch, index, handles, previous)
+        _reconcile(body, patch, indexes, previous)
     except Exception as exc:  # every failure ends in a condition and an Event, never silence
         logger.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
         _report_failure(body, patch, previous, _explain(exc))
@@ -251,10 +278,11 @@ def _checked(
 def _reconcile(
     body: Mapping[str, Any],
     patch: kopf.Patch,
-    index: Mapping[Any, Iterable[Any]],
-    handles_index: Mapping[Any, Iterable[Any]],
+    indexes: Mapping[str, Any],
     previous: dict[str, Any],
 ) -> None:
+    index: Mapping[Any, Iterable[Any]] = indexes["cluster_pods"]
+    handles_index: Mapping[Any, Iterable[Any]] = indexes["worker_groups"]
     meta = body["metadata"]
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
     wanted = dict(body.get("spec") or {})
@@ -279,8 +307,11 @@ def _reconcile(
     if problem is None and _sync_worker_groups(spec, body, generation or 0, handles):
         return  # the cluster's spec changed: its update reconciles it next
     token = _ensure_token(spec, body)
-    kube.apply(scheduler_deployment(spec, body))
-    kube.apply(scheduler_service(spec, body))
+    existing = set(indexes["scheduler_deployments"].get((namespace, name), ())) | set(
+        indexes["scheduler_services"].get((namespace, name), ())
+    )
+    for child in (scheduler_deployment(spec, body), scheduler_service(spec, body)):
+        _apply_if_changed(meta["uid"], child, existing)
     mine = list(index.get((namespace, name), ()))
     scheduler_ip = _scheduler_ip(
         [
@@ -335,6 +366,20 @@ def _reconcile(
     _announce_failures(body, previous, failures)
     _announce_unmet_demand(body, previous, status)
     _write_status(patch, previous, status)
+
+
+def _apply_if_changed(uid: str, manifest: Mapping[str, Any], existing: set[str]) -> None:
+    """Server-side apply ``manifest`` unless this process applied the same one already and
+    the object still exists (``existing``: names of the cluster's children in the index)."""
+    key = (uid, manifest["kind"])
+    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    if (
+        _applied.get(key) == digest
+        and f"{manifest['kind']}/{manifest['metadata']['name']}" in existing
+    ):
+        return
+    kube.apply(manifest)
+    _applied[key] = digest
 
 
 def _sync_worker_groups(
