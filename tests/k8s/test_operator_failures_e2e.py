@@ -75,6 +75,17 @@ def condition(deployed: Deployment, name: str, kind: str) -> Obj:
     return next((c for c in conditions if c["type"] == kind), {})
 
 
+def refusal(deployed: Deployment, name: str) -> Obj:
+    """The cluster's Valid condition, once it is False."""
+    return deployed.wait(
+        lambda: (
+            condition(deployed, name, "Valid").get("status") == "False"
+            and condition(deployed, name, "Valid")
+        ),
+        f"{name} Valid=False",
+    )
+
+
 def events_about(deployed: Deployment, name: str, reason: str) -> list[Obj]:
     out = deployed.kubectl("get", "events", "--field-selector", f"reason={reason}", "-o", "json")
     return [
@@ -112,13 +123,7 @@ def test_an_invalid_edit_keeps_the_last_valid_spec_running(deployed: Deployment)
     # GPU=1.5 cannot be allocated (whole units only); the new group must never appear.
     bad = [*good, {"name": "gpu", "replicas": 1, "resources": {"GPU": 1.5}}]
     patch_groups(deployed, "keeper", bad)
-    refused = deployed.wait(
-        lambda: (
-            condition(deployed, "keeper", "Valid").get("status") == "False"
-            and condition(deployed, "keeper", "Valid")
-        ),
-        "Valid=False",
-    )
+    refused = refusal(deployed, "keeper")
     assert "whole units" in refused["message"] and "GPU=1.5" in refused["message"]
     wait_reconciled_after(deployed, "keeper")
     status = deployed.status("keeper")
@@ -154,13 +159,7 @@ def test_a_spec_the_api_server_refuses_builds_nothing_and_says_why_once(
     template = {"spec": {"dnsPolicy": "Sometimes"}}
     groups = [{"name": "cpu", "replicas": 1, "resources": {"process": 1}, "template": template}]
     apply(deployed, resource_cluster("refused", 10886, groups))
-    valid = deployed.wait(
-        lambda: (
-            condition(deployed, "refused", "Valid").get("status") == "False"
-            and condition(deployed, "refused", "Valid")
-        ),
-        "Valid=False",
-    )
+    valid = refusal(deployed, "refused")
     assert "dnsPolicy" in valid["message"] and "Sometimes" in valid["message"]
     assert deployed.status("refused")["phase"] == "Invalid"
     wait_reconciled_after(deployed, "refused")
