@@ -411,7 +411,7 @@ def test_template_cluster_wide() -> None:
         "--all-namespaces",
         "--log-level",
         "INFO",
-        "--liveness=http://$(POD_IP):8080/healthz",
+        "--liveness=http://$(POD_IP):8081/healthz",
     ]
     assert {"name": "APPORTION_OPERATOR_IMAGE", "value": "apportion:0.1.0"} in container["env"]
     security = container["securityContext"]
@@ -423,7 +423,7 @@ def test_template_cluster_wide() -> None:
     probe = container["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert probe["path"] == "/healthz"
-    assert ports.get(probe["port"], probe["port"]) == 8080
+    assert ports.get(probe["port"], probe["port"]) == 8081
     assert container["resources"] == {
         "requests": {"cpu": "100m", "memory": "128Mi"},
         "limits": {"memory": "256Mi"},
@@ -469,7 +469,7 @@ def test_template_namespaced() -> None:
         "team-b",
         "--log-level",
         "DEBUG",
-        "--liveness=http://$(POD_IP):8080/healthz",
+        "--liveness=http://$(POD_IP):8081/healthz",
         "--verbose",
     ]
     image = "registry.example/apportion:1.2.3"
