@@ -3,6 +3,7 @@ policy and pull secrets are the default of every ResourceCluster that names none
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -63,3 +64,68 @@ def test_the_charts_image_is_the_default_for_clusters(deployed: Deployment) -> N
         assert container["imagePullPolicy"] == "Always"
         assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     deployed.kubectl("delete", "resourcecluster", "branded", "--wait=true")
+
+
+def operator_pods(deployed: Deployment) -> list[dict]:
+    out = deployed.k8s.kubectl("get", "pods", "-n", deployed.system, "-o", "json")
+    return [
+        p
+        for p in json.loads(out.stdout)["items"]
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def acting(deployed: Deployment, pod: dict) -> bool:
+    log = deployed.k8s.pod_log(pod["metadata"]["name"], deployed.system)
+    return log.rfind("Resuming operations") >= log.rfind("Pausing operations")
+
+
+def test_two_replicas_one_acts_and_the_other_takes_over_mid_scale(deployed: Deployment) -> None:
+    release = "op-" + deployed.system.rsplit("-", 1)[-1]
+    deployed.k8s.helm(
+        "upgrade", release, str(CHART), "-n", deployed.system, "--reuse-values",
+        "--set", "operator.replicas=2", "--wait", "--timeout", "3m",
+    )  # fmt: skip
+
+    def standby() -> dict | None:
+        pods = operator_pods(deployed)
+        paused = [
+            p
+            for p in pods
+            if "Pausing operations in favour of"
+            in deployed.k8s.pod_log(p["metadata"]["name"], deployed.system)
+        ]
+        return paused[0] if len(pods) == 2 and len(paused) == 1 else None
+
+    waiting = deployed.wait(standby, "two operators, one of them standing by")
+    (active,) = [
+        p for p in operator_pods(deployed) if p["metadata"]["uid"] != waiting["metadata"]["uid"]
+    ]
+    cluster = {
+        "apiVersion": "apportion.dev/v1alpha1",
+        "kind": "ResourceCluster",
+        "metadata": {"name": "relay"},
+        "spec": {
+            "scheduler": {"port": 11586, "httpPort": 11587},
+            "workerGroups": [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}],
+        },
+    }
+    deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(cluster))
+    deployed.wait_running("relay", {"cpu": 1})
+
+    cluster["spec"]["workerGroups"][0]["replicas"] = 3
+    deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(cluster))
+    deployed.k8s.kubectl(
+        "delete", "pod", active["metadata"]["name"], "-n", deployed.system, "--grace-period=0",
+        "--force", "--wait=false",
+    )  # fmt: skip
+    deployed.wait_running("relay", {"cpu": 3})
+    # The one acting now: the standby (resumed once the dead one's record expired) or the
+    # replacement pod, when its random priority is higher; never both.
+    live = operator_pods(deployed)
+    assert active["metadata"]["uid"] not in {p["metadata"]["uid"] for p in live}
+    deployed.wait(
+        lambda: sum(acting(deployed, p) for p in operator_pods(deployed)) == 1,
+        "exactly one operator acting",
+    )
+    deployed.kubectl("delete", "resourcecluster", "relay", "--wait=true")
