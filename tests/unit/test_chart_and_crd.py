@@ -455,11 +455,14 @@ def test_template_namespaced() -> None:
             "name": "rel-apportion",
         }
         assert binding["subjects"][0]["namespace"] == "ops"
-    # The only cluster-wide grant left: reading CRDs, which kopf scans.
+    # The only cluster-wide grants left: reading CRDs and namespaces, which kopf scans.
     (cluster_role,) = by_kind(docs, "ClusterRole")
     assert [
         (r["apiGroups"], r["resources"], sorted(r["verbs"])) for r in cluster_role["rules"]
-    ] == [(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "list", "watch"])]
+    ] == [
+        (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "list", "watch"]),
+        ([""], ["namespaces"], ["get", "list", "watch"]),
+    ]
 
     container = operator_container(docs)
     assert container["args"] == [
