@@ -23,6 +23,19 @@ def deployed(k8s_cluster: Cluster) -> Iterator[Deployment]:
         yield deployment
 
 
+def cpu_cluster(name: str, port: int) -> dict:
+    """A cluster of one one-worker group, with scheduler ports of its own."""
+    return {
+        "apiVersion": "apportion.dev/v1alpha1",
+        "kind": "ResourceCluster",
+        "metadata": {"name": name},
+        "spec": {
+            "scheduler": {"port": port, "httpPort": port + 1},
+            "workerGroups": [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}],
+        },
+    }
+
+
 def test_the_charts_image_is_the_default_for_clusters(deployed: Deployment) -> None:
     release = "op-" + deployed.system.rsplit("-", 1)[-1]  # as deploy_operator names it
     deployed.k8s.helm(
@@ -44,15 +57,7 @@ def test_the_charts_image_is_the_default_for_clusters(deployed: Deployment) -> N
         "--timeout",
         "3m",
     )
-    cluster = {
-        "apiVersion": "apportion.dev/v1alpha1",
-        "kind": "ResourceCluster",
-        "metadata": {"name": "branded"},
-        "spec": {
-            "scheduler": {"port": 11386, "httpPort": 11387},
-            "workerGroups": [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}],
-        },
-    }
+    cluster = cpu_cluster("branded", 11386)
     deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(cluster))
     deployed.wait_running("branded", {"cpu": 1})
     assert "image" not in deployed.rc("branded")["spec"], "no schema default hides the chart's"
@@ -101,15 +106,7 @@ def test_two_replicas_one_acts_and_the_other_takes_over_mid_scale(deployed: Depl
     (active,) = [
         p for p in operator_pods(deployed) if p["metadata"]["uid"] != waiting["metadata"]["uid"]
     ]
-    cluster = {
-        "apiVersion": "apportion.dev/v1alpha1",
-        "kind": "ResourceCluster",
-        "metadata": {"name": "relay"},
-        "spec": {
-            "scheduler": {"port": 11586, "httpPort": 11587},
-            "workerGroups": [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}],
-        },
-    }
+    cluster = cpu_cluster("relay", 11586)
     deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(cluster))
     deployed.wait_running("relay", {"cpu": 1})
 
