@@ -13,17 +13,65 @@ and the ``kubernetes`` extra (``pip install 'apportion[kubernetes]'``).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import socket
 import time
 from base64 import b64decode
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from apportion.protocol.comm import parse_address
 from apportion.reprs import dashboard_link
 
 GROUP, VERSION, PLURAL = "apportion.dev", "v1alpha1", "resourceclusters"
+
+
+class KubeClusterError(RuntimeError):
+    """The Kubernetes API refused what KubeCluster asked, said plainly (no header dumps)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _api_message(exc: Any) -> str:
+    """The API server's own sentence from an ApiException's JSON body."""
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(getattr(exc, "reason", exc))
+
+
+@contextlib.contextmanager
+def _explained(what: str, name: str, namespace: str) -> Iterator[None]:
+    """Turn the kubernetes client's ApiException into a KubeClusterError naming the cause
+    and what to do."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        yield
+    except ApiException as exc:
+        message = _api_message(exc)
+        where = f"ResourceCluster {namespace}/{name}"
+        if exc.status == 409 and what == "create":
+            hint = (
+                f"{where} already exists: attach to it with "
+                f"KubeCluster.from_name({name!r}, {namespace!r})"
+            )
+        elif exc.status == 404 and "the server could not find the requested resource" in message:
+            hint = (
+                "the ResourceCluster CRD is not installed in this Kubernetes cluster: "
+                "helm install apportion charts/apportion"
+            )
+        elif exc.status == 404:
+            hint = f"{where} does not exist ({message})"
+        elif exc.status == 403:
+            hint = f"not allowed to {what} {where}: {message}"
+        else:
+            hint = f"cannot {what} {where}: {message}"
+        raise KubeClusterError(hint, exc.status) from None
 
 
 def _apis(kubeconfig: str | None) -> tuple[Any, Any]:
@@ -74,10 +122,13 @@ class KubeCluster:
                 "metadata": {"name": name, "namespace": namespace},
                 "spec": spec,
             }
-            self._custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+            with _explained("create", name, namespace):
+                self._custom.create_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, body
+                )
+        self._address: str | None = None
         self._wait(self._all_connected, "all workers connected")
         self.token = self._read_token()
-        self.scheduler_address = self._reachable_address()
 
     @classmethod
     def from_name(cls, name: str, namespace: str = "default", **kwargs: Any) -> KubeCluster:
@@ -86,9 +137,19 @@ class KubeCluster:
 
     # ----------------------------------------------------------------- state
     def resource(self) -> dict[str, Any]:
-        return self._custom.get_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, self.name
-        )
+        with _explained("read", self.name, self.namespace):
+            found: dict[str, Any] = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, self.name
+            )
+        return found
+
+    @property
+    def scheduler_address(self) -> str:
+        """Where a Client connects: the Service name in-cluster; from outside, the IP of
+        the scheduler pod serving now (looked up on each read: a restarted scheduler pod
+        has a new IP, and the old one may still answer while it shuts down)."""
+        self._address = self._reachable_address()
+        return self._address
 
     @property
     def status(self) -> dict[str, Any]:
@@ -97,14 +158,13 @@ class KubeCluster:
     def _all_connected(self) -> bool:
         found = self.resource()
         status = found.get("status") or {}
-        if status.get("phase") == "Invalid":
-            reason = next(
-                (c["message"] for c in status.get("conditions", []) if c.get("type") == "Valid"),
-                "invalid spec",
-            )
-            raise ValueError(f"ResourceCluster {self.name} is invalid: {reason}")
         if status.get("observedGeneration") != found["metadata"].get("generation"):
             return False
+        valid: dict[str, Any] = next(
+            (c for c in status.get("conditions", []) if c.get("type") == "Valid"), {}
+        )
+        if valid.get("status") == "False":
+            raise ValueError(f"ResourceCluster {self.name} is invalid: {valid.get('message')}")
         groups = status.get("workerGroups") or []
         # Autoscaled groups (they report maxReplicas) come and go with the work: "Scaling"
         # is a settled cluster for them, and only fixed-size groups must be complete.
@@ -136,7 +196,11 @@ class KubeCluster:
         except ApiException as exc:
             if exc.status == 404:
                 return None  # auth disabled for this cluster
-            raise
+            raise KubeClusterError(
+                f"cannot read the token Secret {self.namespace}/{self.name}-token: "
+                f"{_api_message(exc)}",
+                exc.status,
+            ) from None
         return b64decode(secret.data["token"]).decode()
 
     def _reachable_address(self) -> str:
@@ -146,10 +210,11 @@ class KubeCluster:
             return service_address
         _, port = parse_address(service_address)
         selector = f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=scheduler"
-        pods = self._core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        with _explained("list the scheduler pods of", self.name, self.namespace):
+            pods = self._core.list_namespaced_pod(self.namespace, label_selector=selector).items
         for pod in pods:
             ip = pod.status.pod_ip
-            if ip and _can_connect(ip, port):
+            if ip and not pod.metadata.deletion_timestamp and _can_connect(ip, port):
                 return f"tcp://{ip}:{port}"
         raise ConnectionError(
             f"the scheduler of {self.name} is not reachable from here (pod IPs do not route "
@@ -201,18 +266,19 @@ class KubeCluster:
             chosen.pop(key, None)
         chosen.update(sizing)
         # A merge patch replaces the whole list; resourceVersion makes a concurrent edit fail.
+        with _explained("change", self.name, self.namespace):
+            self._patch(groups, found["metadata"]["resourceVersion"])
+        return group
+
+    def _patch(self, groups: list[dict[str, Any]], resource_version: str) -> None:
         self._custom.patch_namespaced_custom_object(
             GROUP,
             VERSION,
             self.namespace,
             PLURAL,
             self.name,
-            {
-                "metadata": {"resourceVersion": found["metadata"]["resourceVersion"]},
-                "spec": {"workerGroups": groups},
-            },
+            {"metadata": {"resourceVersion": resource_version}, "spec": {"workerGroups": groups}},
         )
-        return group
 
     # ------------------------------------------------------------ observability
     def get_logs(self, tail_lines: int | None = None) -> dict[str, str]:
@@ -245,7 +311,8 @@ class KubeCluster:
             )
         except ApiException as exc:
             if exc.status != 404:
-                raise
+                with _explained("delete", self.name, self.namespace):
+                    raise
 
     def __enter__(self) -> KubeCluster:
         return self
@@ -254,7 +321,7 @@ class KubeCluster:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<KubeCluster {self.namespace}/{self.name} at {self.scheduler_address}>"
+        return f"<KubeCluster {self.namespace}/{self.name} at {self._address or '?'}>"
 
 
 def _can_connect(host: str, port: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -19,7 +20,7 @@ logger = logging.getLogger("apportion.operator")
 
 FIELD_MANAGER = "apportion-operator"
 
-__all__ = ["ApiException", "apply", "create_if_absent", "delete_pod", "list_pods", "reason"]
+__all__ = ["ApiException", "apply", "create_if_absent", "delete_pod", "reason", "refused"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,18 +68,48 @@ def reason(exc: ApiException) -> str:
         return str(exc.reason)
 
 
-def list_pods(namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
-    text = ",".join(f"{k}={v}" for k, v in selector.items())
-    pods = client.CoreV1Api(api_client()).list_namespaced_pod(namespace, label_selector=text)
-    return [api_client().sanitize_for_serialization(p) for p in pods.items]
-
-
-def delete_pod(namespace: str, name: str) -> None:
+def delete_pod(namespace: str, name: str) -> bool:
+    """Delete a pod; False when it was gone already."""
     try:
         client.CoreV1Api(api_client()).delete_namespaced_pod(name, namespace)
     except ApiException as exc:
         if exc.status != 404:
             raise
+        return False
+    return True
+
+
+def refused(manifest: Mapping[str, Any]) -> str | None:
+    """Why the API server would refuse ``manifest`` (a dry run stores nothing), or None.
+
+    Pods are tried as a create (an existing pod cannot change its spec; validation comes
+    before the name clash, so AlreadyExists means accepted); everything else as the
+    server-side apply the operator will do. Only a refusal of the object itself counts:
+    anything else (a timeout, a 503) is raised.
+    """
+    resource = dynamic().resources.get(api_version=manifest["apiVersion"], kind=manifest["kind"])
+    body = copy.deepcopy(dict(manifest))
+    namespace = body["metadata"].get("namespace")
+    try:
+        if body["kind"] == "Pod":
+            resource.create(body=body, namespace=namespace, dry_run="All")
+        else:
+            resource.server_side_apply(
+                body=body,
+                name=body["metadata"]["name"],
+                namespace=namespace,
+                field_manager=FIELD_MANAGER,
+                force_conflicts=True,
+                dry_run="All",
+            )
+    except ApiException as exc:
+        if exc.status == 409 and body["kind"] == "Pod":
+            return None
+        # 500 here is the apply machinery refusing the object (e.g. a duplicate list key).
+        if exc.status in (400, 422) or (exc.status == 500 and "typed" in (exc.body or "")):
+            return reason(exc)
+        raise
+    return None
 
 
 def read_token(namespace: str, secret: str, key: str) -> str | None:
@@ -131,3 +162,35 @@ def retire(
         logger.warning("scheduler did not retire workers %s: %s", names, exc)
         return [], {}
     return list(answer.get("retired") or []), dict(answer.get("kept") or {})
+
+
+def patch(api_version: str, kind: str, namespace: str, name: str, body: Mapping[str, Any]) -> Any:
+    """A merge patch; returns the object as the API server stored it."""
+    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    return resource.patch(
+        body=dict(body),
+        name=name,
+        namespace=namespace,
+        content_type="application/merge-patch+json",
+    )
+
+
+def patch_status(
+    api_version: str, kind: str, namespace: str, name: str, status: Mapping[str, Any]
+) -> None:
+    resource = dynamic().resources.get(api_version=api_version, kind=kind).subresources["status"]
+    resource.patch(
+        body={"status": dict(status)},
+        name=name,
+        namespace=namespace,
+        content_type="application/merge-patch+json",
+    )
+
+
+def delete(api_version: str, kind: str, namespace: str, name: str) -> None:
+    resource = dynamic().resources.get(api_version=api_version, kind=kind)
+    try:
+        resource.delete(name=name, namespace=namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise

@@ -127,6 +127,24 @@ def _merge_pod(template: Mapping[str, Any], generated: Manifest, container_name:
     return merged
 
 
+def _pull_secrets(spec: ClusterSpec) -> dict[str, Any]:
+    if not spec.image_pull_secrets:
+        return {}
+    return {"imagePullSecrets": [{"name": name} for name in spec.image_pull_secrets]}
+
+
+def scheduler_http(spec: ClusterSpec) -> str:
+    return f"http://{spec.scheduler_service}.{spec.namespace}.svc:{spec.http_port}"
+
+
+# Ready means connected: the kubelet asks the scheduler whether this pod's worker is known.
+WORKER_READINESS = {
+    "exec": {"command": ["python", "-m", "apportion.operator.ready"]},
+    "periodSeconds": 5,
+    "timeoutSeconds": 5,
+}
+
+
 def scheduler_deployment(spec: ClusterSpec, owner: Mapping[str, Any]) -> Manifest:
     args = [
         "scheduler",
@@ -157,7 +175,7 @@ def scheduler_deployment(spec: ClusterSpec, owner: Mapping[str, Any]) -> Manifes
     }
     pod = {
         "metadata": {"labels": labels(spec, "scheduler")},
-        "spec": {"containers": [container]},
+        "spec": {"containers": [container], **_pull_secrets(spec)},
     }
     pod = _merge_pod(spec.scheduler_template, pod, "scheduler")
     return {
@@ -201,6 +219,8 @@ def group_hash(spec: ClusterSpec, group: GroupSpec) -> str:
         "limits": group.limits,
         "template": group.template,
     }
+    if spec.image_pull_secrets:  # only when set: existing pods keep their hash otherwise
+        relevant["pullSecrets"] = list(spec.image_pull_secrets)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -243,8 +263,10 @@ def worker_pod(
         "env": [
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_IP", "status.podIP"),
+            {"name": "APPORTION_SCHEDULER_HTTP", "value": scheduler_http(spec)},
             *_auth_env(spec),
         ],
+        "readinessProbe": WORKER_READINESS,
     }
     if group.limits:
         # Extended resources (GPUs) need requests == limits; memory gets both for a
@@ -257,6 +279,35 @@ def worker_pod(
             **_metadata(spec, worker_pod_name(spec, group, index), owner, "worker", group.name),
             "annotations": {HASH_ANNOTATION: group_hash(spec, group)},
         },
-        "spec": {"restartPolicy": "Always", "containers": [container]},
+        "spec": {"restartPolicy": "Always", "containers": [container], **_pull_secrets(spec)},
     }
     return _merge_pod(group.template, generated, "worker")
+
+
+WORKER_GROUP_KIND, WORKER_GROUP_PLURAL = "ResourceWorkerGroup", "resourceworkergroups"
+# The cluster generation a ResourceWorkerGroup's replicas were last taken from.
+SYNCED_ANNOTATION = "apportion.dev/cluster-generation"
+
+
+def worker_group_name(spec: ClusterSpec, group: GroupSpec) -> str:
+    return f"{spec.name}-{group.name}"
+
+
+def group_selector(spec: ClusterSpec, group: GroupSpec) -> str:
+    """Label selector of a group's worker pods, as a string (a scale subresource's)."""
+    return f"{LABEL_CLUSTER}={spec.name},{LABEL_GROUP}={group.name}"
+
+
+def worker_group_object(
+    spec: ClusterSpec, group: GroupSpec, owner: Mapping[str, Any], generation: int
+) -> Manifest:
+    """The ResourceWorkerGroup of a group: its replicas as the cluster's spec says at
+    ``generation``."""
+    metadata = _metadata(spec, worker_group_name(spec, group), owner, "worker-group", group.name)
+    metadata["annotations"] = {SYNCED_ANNOTATION: str(generation)}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": WORKER_GROUP_KIND,
+        "metadata": metadata,
+        "spec": {"cluster": spec.name, "group": group.name, "replicas": group.replicas},
+    }

@@ -60,7 +60,8 @@ def plan(
         mine = [
             p for p in live if (p["metadata"].get("labels") or {}).get(LABEL_GROUP) == group.name
         ]
-        current, outdated = [], []
+        current: list[Mapping[str, Any]] = []
+        outdated: list[Mapping[str, Any]] = []
         for pod in mine:
             annotation = (pod["metadata"].get("annotations") or {}).get(HASH_ANNOTATION)
             (current if annotation == wanted_hash else outdated).append(pod)

@@ -23,7 +23,7 @@ DEFAULT_IDLE_TIMEOUT = 60.0  # seconds a worker of an autoscaled group may idle 
 _K8S_RESOURCE = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
-_SUFFIXES = {
+_SUFFIXES: dict[str, int | Decimal] = {
     "Ki": 2**10,
     "Mi": 2**20,
     "Gi": 2**30,
@@ -84,6 +84,7 @@ class ClusterSpec:
     scheduler_template: dict[str, Any]
     resource_map: dict[str, str]
     groups: list[GroupSpec]
+    image_pull_secrets: tuple[str, ...] = ()
 
     @property
     def scheduler_service(self) -> str:
@@ -209,10 +210,53 @@ def _sizing(raw: Mapping[str, Any]) -> tuple[int, int, int, float]:
     return low, low, high, idle_timeout
 
 
+@dataclass(frozen=True)
+class Defaults:
+    """What a spec that names no image gets: the operator's own (the chart's values)."""
+
+    image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+
+
+def _template_problems(where: str, template: Any) -> list[str]:
+    """What makes a pod template unusable, in words (the CRD's schema says the same at
+    admission; this catches specs stored before it, or written around it)."""
+    if not isinstance(template, Mapping):
+        return [f"{where} must be an object ({{metadata, spec}}), not {template!r}"]
+    pod = template.get("spec") or {}
+    if not isinstance(pod, Mapping):
+        return [f"{where}.spec must be an object (a pod spec), not {pod!r}"]
+    containers = pod.get("containers") or []
+    if not isinstance(containers, list) or not all(isinstance(c, Mapping) for c in containers):
+        return [f"{where}.spec.containers must be a list of containers, not {containers!r}"]
+    problems = []
+    for i, container in enumerate(containers):
+        env = container.get("env") or []
+        if not isinstance(env, list) or not all(isinstance(e, Mapping) for e in env):
+            problems.append(f"{where}.spec.containers[{i}].env must be a list, not {env!r}")
+            continue
+        for j, entry in enumerate(env):
+            if not entry.get("name"):
+                problems.append(
+                    f"{where}.spec.containers[{i}].env[{j}] has no name: {dict(entry)!r}"
+                )
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if not isinstance(limits, Mapping):
+            problems.append(f"{where}.spec.containers[{i}].resources.limits must be a map")
+    return problems
+
+
 def parse(
-    name: str, namespace: str, spec: Mapping[str, Any], default_image: str = DEFAULT_IMAGE
+    name: str,
+    namespace: str,
+    spec: Mapping[str, Any],
+    default_image: str | Defaults = DEFAULT_IMAGE,
 ) -> ClusterSpec:
     """Turn a ResourceCluster spec into a ClusterSpec, or raise InvalidSpec saying why."""
+    defaults = (
+        default_image if isinstance(default_image, Defaults) else Defaults(image=default_image)
+    )
     if not _CLUSTER_NAME.match(name):
         raise InvalidSpec(
             f"the name {name!r} cannot name this cluster's Service ('{name}-scheduler'): use "
@@ -224,6 +268,19 @@ def parse(
     if bad:
         raise InvalidSpec(f"resourceMap has invalid Kubernetes resource names: {bad}")
     groups_raw = spec.get("workerGroups") or []
+    scheduler = spec.get("scheduler") or {}
+    port, http_port = int(scheduler.get("port", 8786)), int(scheduler.get("httpPort", 8787))
+    if port == http_port:
+        raise InvalidSpec(
+            f"scheduler.port and scheduler.httpPort are both {port}: give them different ports"
+        )
+    template_problems = _template_problems("scheduler.template", scheduler.get("template") or {})
+    for raw in groups_raw:
+        template_problems += _template_problems(
+            f"workerGroups[{raw.get('name')}].template", raw.get("template") or {}
+        )
+    if template_problems:
+        raise InvalidSpec("; ".join(template_problems))
     names = [g.get("name") for g in groups_raw]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -236,15 +293,20 @@ def parse(
             problems.append(str(exc))
     if problems:
         raise InvalidSpec("; ".join(problems))
-    scheduler = spec.get("scheduler") or {}
+    pull_secrets = spec.get("imagePullSecrets")
     return ClusterSpec(
         name=name,
         namespace=namespace,
-        image=spec.get("image") or default_image,
-        image_pull_policy=spec.get("imagePullPolicy") or "IfNotPresent",
+        image=spec.get("image") or defaults.image,
+        image_pull_policy=spec.get("imagePullPolicy") or defaults.image_pull_policy,
+        image_pull_secrets=(
+            tuple(s["name"] for s in pull_secrets)
+            if pull_secrets is not None
+            else defaults.image_pull_secrets
+        ),
         auth=bool((spec.get("auth") or {}).get("enabled", True)),
-        port=int(scheduler.get("port", 8786)),
-        http_port=int(scheduler.get("httpPort", 8787)),
+        port=port,
+        http_port=http_port,
         service_type=scheduler.get("serviceType", "ClusterIP"),
         scheduler_template=dict(scheduler.get("template") or {}),
         resource_map=resource_map,

@@ -28,10 +28,12 @@ def unschedulable(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _condition(
+def condition(
     previous: Mapping[str, Any], kind: str, ok: bool, reason: str, message: str, now: str
 ) -> dict[str, Any]:
-    old = next((c for c in previous.get("conditions") or [] if c.get("type") == kind), {})
+    old: Mapping[str, Any] = next(
+        (c for c in previous.get("conditions") or [] if c.get("type") == kind), {}
+    )
     status = "True" if ok else "False"
     since = old.get("lastTransitionTime") if old.get("status") == status else None
     return {
@@ -41,6 +43,12 @@ def _condition(
         "message": message,
         "lastTransitionTime": since or now,
     }
+
+
+def with_condition(status: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """``status`` with ``new`` in place of its condition of the same type."""
+    others = [c for c in status.get("conditions") or [] if c.get("type") != new["type"]]
+    return {**status, "conditions": [*others, dict(new)]}
 
 
 def _sum(amounts: list[Mapping[str, float]]) -> dict[str, float]:
@@ -58,8 +66,8 @@ def invalid_status(
         "phase": "Invalid",
         "observedGeneration": generation,
         "conditions": [
-            _condition(previous, "Valid", False, "InvalidSpec", problem, now),
-            _condition(previous, "Ready", False, "InvalidSpec", "fix the spec", now),
+            condition(previous, "Valid", False, "InvalidSpec", problem, now),
+            condition(previous, "Ready", False, "InvalidSpec", "fix the spec", now),
         ],
     }
 
@@ -73,9 +81,11 @@ def compute_status(
     now: str,
     failures: list[str] | None = None,
     scaling: Scaling | None = None,
+    invalid: str | None = None,
 ) -> dict[str, Any]:
     """``failures``: what the API server refused this round (e.g. pods over a quota);
-    ``scaling``: this round's autoscaling (None when the scheduler was not reachable)."""
+    ``scaling``: this round's autoscaling (None when the scheduler was not reachable);
+    ``invalid``: why the current spec was refused (``spec`` is then the last valid one)."""
     workers = list((info or {}).get("workers", {}).values())
     by_name = {w["name"]: w for w in workers}
     groups, desired, connected_total, all_settled = [], 0, 0, True
@@ -120,7 +130,19 @@ def compute_status(
         connected_total += min(updated_connected, group.replicas)
         all_settled = all_settled and settled
         if not settled or updated_connected < group.replicas:
-            only_scaling = only_scaling and group.autoscaled and not stuck
+            # A size being changed on purpose (by the autoscaler, or by a new replicas
+            # still being carried out) is Scaling; workers lost otherwise are Degraded.
+            before: Mapping[str, Any] = next(
+                (g for g in previous.get("workerGroups") or [] if g.get("name") == group.name),
+                {},
+            )
+            resizing = (
+                group.autoscaled
+                or before.get("desiredReplicas", group.replicas) != group.replicas
+                or len(mine) > group.replicas
+                or previous.get("phase") == "Scaling"
+            )
+            only_scaling = only_scaling and resizing and not stuck
     reachable = info is not None
     complete = reachable and connected_total == desired and all_settled
     was_running = previous.get("phase") in ("Running", "Degraded", "Scaling")
@@ -156,9 +178,11 @@ def compute_status(
         "unmetDemand": _unmet(info, scaling),
         **_last_decision(groups, previous),
         "conditions": [
-            _condition(previous, "Valid", True, "SpecAccepted", "the spec is valid", now),
-            _condition(previous, "Ready", complete, reason, message, now),
-            _condition(
+            condition(previous, "Valid", True, "SpecAccepted", "the spec is valid", now)
+            if invalid is None
+            else condition(previous, "Valid", False, "KeptLastValidSpec", invalid, now),
+            condition(previous, "Ready", complete, reason, message, now),
+            condition(
                 previous,
                 "ChildrenCreated",
                 not failures,
@@ -183,7 +207,9 @@ def _autoscaling_status(
     group: GroupSpec, previous: Mapping[str, Any], scaling: Scaling | None, now: str
 ) -> dict[str, Any]:
     """Bounds and the last scaling decision of an autoscaled group (kept until the next)."""
-    old = next((g for g in previous.get("workerGroups") or [] if g.get("name") == group.name), {})
+    old: Mapping[str, Any] = next(
+        (g for g in previous.get("workerGroups") or [] if g.get("name") == group.name), {}
+    )
     fields: dict[str, Any] = {
         "minReplicas": group.min_replicas,
         "maxReplicas": group.max_replicas,

@@ -35,7 +35,14 @@ RESOURCE_NAME_MESSAGE = (
 def crd(k8s_cluster: Cluster) -> Cluster:
     """The CRD, applied (idempotently) and Established."""
     k8s_cluster.kubectl("apply", "-f", str(CRD_FILE))
-    k8s_cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+
+    def established() -> bool:
+        # Not `kubectl wait`: it fails outright while a new CRD has no conditions yet.
+        found = json.loads(k8s_cluster.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
+        conditions = (found.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    k8s_cluster.wait_for(established, f"{CRD_NAME} Established", 60)
     return k8s_cluster
 
 
@@ -70,8 +77,8 @@ def can_i(cluster: Cluster, sa: str, *args: str) -> bool:
 def test_example_applies_with_defaults(crd: Cluster, k8s_namespace: str) -> None:
     crd.kubectl("apply", "-n", k8s_namespace, "-f", str(EXAMPLE))
     spec = get_rc(crd, "pipeline", k8s_namespace)["spec"]
-    assert spec["image"] == "apportion:0.1.0"
-    assert spec["imagePullPolicy"] == "IfNotPresent"
+    # No image defaults in the schema: the operator applies the chart's.
+    assert "image" not in spec and "imagePullPolicy" not in spec
     assert spec["auth"] == {"enabled": True}
     assert spec["scheduler"] == {"port": 8786, "httpPort": 8787, "serviceType": "ClusterIP"}
     assert spec["resourceMap"] == {"GPU": "nvidia.com/gpu", "MEMORY": "memory"}
@@ -88,7 +95,7 @@ def test_minimal_cluster_gets_every_default(crd: Cluster, k8s_namespace: str) ->
         namespace=k8s_namespace,
     )
     bare = get_rc(crd, "bare", k8s_namespace)["spec"]
-    assert bare["image"] == "apportion:0.1.0"
+    assert "image" not in bare
     assert bare["scheduler"]["port"] == 8786
     assert bare["auth"] == {"enabled": True}
     assert "workerGroups" not in bare  # zero groups is valid
@@ -178,11 +185,68 @@ REJECTED = {
         [{"name": "gpu", "minReplicas": 3, "maxReplicas": 2}],
         ["spec.workerGroups[0]", "minReplicas must not exceed maxReplicas"],
     ),
+    "template-containers-not-a-list": (
+        [{"name": "gpu", "template": {"spec": {"containers": "oops"}}}],
+        ["spec.workerGroups[0].template.spec.containers", "must be of type array"],
+    ),
+    "template-env-without-name": (
+        [
+            {
+                "name": "gpu",
+                "template": {"spec": {"containers": [{"name": "worker", "env": [{"value": "1"}]}]}},
+            }
+        ],
+        ["spec.workerGroups[0].template.spec.containers[0].env[0].name: Required value"],
+    ),
     "negative-idle-timeout": (
         [{"name": "gpu", "maxReplicas": 2, "idleTimeoutSeconds": -1}],
         ["spec.workerGroups[0].idleTimeoutSeconds", "should be greater than or equal to 0"],
     ),
 }
+
+
+def test_scheduler_ports_must_differ(crd: Cluster, k8s_namespace: str) -> None:
+    spec = {"scheduler": {"port": 8786, "httpPort": 8786}}
+    manifest = yaml.safe_dump(resource_cluster("same-ports", spec))
+    result = crd.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=manifest, check=False)
+    assert result.returncode != 0, result.stdout
+    assert "scheduler.port and scheduler.httpPort must differ" in result.stderr, result.stderr
+
+
+def test_a_misspelt_template_field_is_refused_not_dropped(crd: Cluster, k8s_namespace: str) -> None:
+    """kubectl validates strictly against the CRD's pod-template schema."""
+    template = {"spec": {"nodeSelecter": {"apportion.dev/node-type": "gpu"}}}
+    manifest = yaml.safe_dump(
+        resource_cluster("typo", {"workerGroups": [{"name": "gpu", "template": template}]})
+    )
+    result = crd.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=manifest, check=False)
+    assert result.returncode != 0, result.stdout
+    assert 'unknown field "spec.workerGroups[0].template.spec.nodeSelecter"' in result.stderr
+    template = {"spec": {"nodeSelector": {"apportion.dev/node-type": "gpu"}}}
+    manifest = yaml.safe_dump(
+        resource_cluster("typo", {"workerGroups": [{"name": "gpu", "template": template}]})
+    )
+    crd.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=manifest)
+    (group,) = get_rc(crd, "typo", k8s_namespace)["spec"]["workerGroups"]
+    assert group["template"] == template
+
+
+def test_kubectl_explain_documents_every_spec_field(crd: Cluster) -> None:
+    spec = crd.kubectl("explain", "resourcecluster.spec").stdout
+    for field in (
+        "image",
+        "imagePullPolicy",
+        "imagePullSecrets",
+        "auth",
+        "scheduler",
+        "resourceMap",
+        "workerGroups",
+    ):
+        assert field in spec, spec
+    group = crd.kubectl("explain", "resourcecluster.spec.workerGroups").stdout
+    assert "<no description>" not in group, group
+    pod = crd.kubectl("explain", "resourcecluster.spec.workerGroups.template.spec").stdout
+    assert "nodeSelector" in pod and "tolerations" in pod
 
 
 @pytest.mark.parametrize("case", sorted(REJECTED))
@@ -251,8 +315,9 @@ def test_status_subresource_and_printer_columns(crd: Cluster, k8s_namespace: str
 
     for name in ("resourceclusters", "resourcecluster", "rcluster", CRD_NAME):
         out = crd.kubectl("get", name, "-n", k8s_namespace).stdout.splitlines()
-        assert out[0].split() == ["NAME", "PHASE", "WORKERS", "SCHEDULER", "AGE"], out
-        row = out[1].split()
+        header = ["NAME", "PHASE", "WORKERS", "VALID", "SCHEDULER", "OBSERVED", "AGE"]
+        assert out[0].split() == header, out
+        row = out[1].split()  # VALID and OBSERVED are blank: this status has neither
         assert row[:4] == ["pipeline", "Running", "3/3", status["schedulerAddress"]], out
 
 

@@ -90,8 +90,14 @@ def test_example_cluster_reaches_running_with_gpu_workers_on_gpu_nodes(
     )
     (highmem,) = pipeline.pods("apportion.dev/group=highmem")
     assert highmem["spec"]["nodeName"] == "highmem-node"
-    for group in status["workerGroups"]:
-        assert group["readyReplicas"] == group["desiredReplicas"]
+    # Ready means connected (the readiness probe asks the scheduler): it follows shortly.
+    pipeline.wait(
+        lambda: all(
+            g["readyReplicas"] == g["desiredReplicas"]
+            for g in pipeline.status("pipeline")["workerGroups"]
+        ),
+        "every worker pod Ready",
+    )
     printed = pipeline.kubectl("get", "rcluster", "pipeline").stdout
     assert "Running" in printed and "3/3" in printed
 

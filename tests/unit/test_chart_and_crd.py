@@ -66,6 +66,21 @@ def test_chart_crd_is_byte_identical_to_crds_folder() -> None:
     )
 
 
+def test_every_crd_of_the_chart_is_a_copy_of_crds_folder() -> None:
+    for name in ("resourceclusters.apportion.dev.yaml", "resourceworkergroups.apportion.dev.yaml"):
+        assert (CHART / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), name
+
+
+def test_worker_groups_have_a_scale_subresource() -> None:
+    crd = yaml.safe_load((ROOT / "crds" / "resourceworkergroups.apportion.dev.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+
+
 def test_crd_names_and_version() -> None:
     crd = load_crd()
     assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
@@ -95,7 +110,9 @@ def test_crd_printer_columns() -> None:
     assert columns == {
         "Phase": ("string", ".status.phase"),
         "Workers": ("string", ".status.workers"),
+        "Valid": ("string", '.status.conditions[?(@.type=="Valid")].status'),
         "Scheduler": ("string", ".status.schedulerAddress"),
+        "Observed": ("date", ".status.lastObserved"),
         "Age": ("date", ".metadata.creationTimestamp"),
     }
 
@@ -104,9 +121,14 @@ def test_crd_top_level_defaults() -> None:
     spec = spec_schema()
     props = spec["properties"]
     assert spec["type"] == "object"
-    assert props["image"] == {**props["image"], "type": "string", "default": "apportion:0.1.0"}
+    # No schema defaults for the image: the operator fills in the chart's image, pull
+    # policy and pull secrets for clusters that name none.
+    assert props["image"]["type"] == "string" and "default" not in props["image"]
     assert props["imagePullPolicy"]["enum"] == ["Always", "IfNotPresent", "Never"]
-    assert props["imagePullPolicy"]["default"] == "IfNotPresent"
+    assert "default" not in props["imagePullPolicy"]
+    assert props["imagePullSecrets"]["items"]["required"] == ["name"]
+    (ports,) = props["scheduler"]["x-kubernetes-validations"]
+    assert ports["rule"] == "!has(self.port) || !has(self.httpPort) || self.port != self.httpPort"
     # Objects default to {} so that their inner defaults apply when they are left out.
     assert props["auth"]["default"] == {}
     assert props["auth"]["properties"]["enabled"] == {
@@ -128,11 +150,24 @@ def test_crd_scheduler_schema() -> None:
         assert props[port]["default"] == default
     assert props["serviceType"]["enum"] == ["ClusterIP", "NodePort", "LoadBalancer"]
     assert props["serviceType"]["default"] == "ClusterIP"
-    assert props["template"] == {
-        **props["template"],
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": True,
-    }
+    assert_pod_template_schema(props["template"])
+
+
+def assert_pod_template_schema(template: Obj) -> None:
+    """A full pod-template schema (generated from Kubernetes' OpenAPI): unknown fields are
+    refused at admission instead of kept or silently dropped."""
+    text = yaml.safe_dump(template)
+    assert "x-kubernetes-preserve-unknown-fields" not in text and "$ref" not in text
+    assert set(template["properties"]) == {"metadata", "spec"}
+    pod = template["properties"]["spec"]
+    assert "nodeSelector" in pod["properties"] and "nodeSelecter" not in pod["properties"]
+    assert "required" not in pod  # the operator brings the containers
+    container = pod["properties"]["containers"]["items"]
+    assert container["required"] == ["name"]
+    assert container["properties"]["env"]["items"]["required"] == ["name"]
+    limits = container["properties"]["resources"]["properties"]["limits"]
+    assert limits["additionalProperties"] == {"x-kubernetes-int-or-string": True}
+    assert pod["properties"]["tolerations"]["description"]  # what kubectl explain shows
 
 
 def test_crd_worker_groups_schema() -> None:
@@ -155,7 +190,7 @@ def test_crd_worker_groups_schema() -> None:
     assert any("minReplicas <= self.maxReplicas" in r for r in rules)
     assert (props["nthreads"]["type"], props["nthreads"]["minimum"]) == ("integer", 1)
     assert props["nthreads"]["default"] == 1
-    assert props["template"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert_pod_template_schema(props["template"])
 
 
 def test_crd_resources_schema() -> None:
@@ -257,13 +292,19 @@ def test_chart_metadata_and_values() -> None:
     assert values["image"] == {"repository": "apportion", "tag": "", "pullPolicy": "IfNotPresent"}
     assert values["operator"] == {
         "replicas": 1,
+        "peeringLifetime": 20,
         "resources": {
             "requests": {"cpu": "100m", "memory": "128Mi"},
             "limits": {"memory": "256Mi"},
         },
         "logLevel": "INFO",
         "extraArgs": [],
+        "nodeSelector": {},
+        "tolerations": [],
+        "affinity": {},
     }
+    assert values["imagePullSecrets"] == []
+    assert values["networkPolicy"] == {"enabled": False, "clientNamespaceSelector": {}}
     assert values["watch"] == {"namespaces": []}
     assert values["serviceAccount"] == {"create": True, "name": ""}
     assert values["rbac"] == {"create": True}
@@ -370,7 +411,7 @@ def test_template_cluster_wide() -> None:
         "--all-namespaces",
         "--log-level",
         "INFO",
-        "--liveness=http://0.0.0.0:8080/healthz",
+        "--liveness=http://$(POD_IP):8081/healthz",
     ]
     assert {"name": "APPORTION_OPERATOR_IMAGE", "value": "apportion:0.1.0"} in container["env"]
     security = container["securityContext"]
@@ -382,7 +423,7 @@ def test_template_cluster_wide() -> None:
     probe = container["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert probe["path"] == "/healthz"
-    assert ports.get(probe["port"], probe["port"]) == 8080
+    assert ports.get(probe["port"], probe["port"]) == 8081
     assert container["resources"] == {
         "requests": {"cpu": "100m", "memory": "128Mi"},
         "limits": {"memory": "256Mi"},
@@ -414,11 +455,14 @@ def test_template_namespaced() -> None:
             "name": "rel-apportion",
         }
         assert binding["subjects"][0]["namespace"] == "ops"
-    # The only cluster-wide grant left: reading CRDs, which kopf scans.
+    # The only cluster-wide grants left: reading CRDs and namespaces, which kopf scans.
     (cluster_role,) = by_kind(docs, "ClusterRole")
     assert [
         (r["apiGroups"], r["resources"], sorted(r["verbs"])) for r in cluster_role["rules"]
-    ] == [(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "list", "watch"])]
+    ] == [
+        (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "list", "watch"]),
+        ([""], ["namespaces"], ["get", "list", "watch"]),
+    ]
 
     container = operator_container(docs)
     assert container["args"] == [
@@ -428,7 +472,7 @@ def test_template_namespaced() -> None:
         "team-b",
         "--log-level",
         "DEBUG",
-        "--liveness=http://0.0.0.0:8080/healthz",
+        "--liveness=http://$(POD_IP):8081/healthz",
         "--verbose",
     ]
     image = "registry.example/apportion:1.2.3"

@@ -30,7 +30,7 @@ def test_pod_monitors_select_the_schedulers_and_the_operator() -> None:
         "--set",
         "metrics.podMonitor.labels.release=prometheus",
         "--set",
-        "metrics.operatorPort=8081",
+        "metrics.operatorPort=9090",
         "--set",
         "metrics.podMonitor.tokenSecret=pipeline-token",
     )
@@ -58,8 +58,8 @@ def test_pod_monitors_select_the_schedulers_and_the_operator() -> None:
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]
     (container,) = pod["spec"]["containers"]
-    assert "--metrics-port=8081" in container["args"]
-    assert {"name": "metrics", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    assert "--metrics-port=9090" in container["args"]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
     operator = monitors["apportion-operator"]["spec"]
     assert operator["podMetricsEndpoints"][0]["port"] == "metrics"
     assert operator["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()

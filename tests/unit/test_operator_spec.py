@@ -15,6 +15,7 @@ from apportion.operator.spec import (
     DEFAULT_IMAGE,
     DEFAULT_RESOURCE_MAP,
     ClusterSpec,
+    Defaults,
     InvalidSpec,
     format_quantity,
     parse,
@@ -564,3 +565,55 @@ def test_autoscaling_bounds_do_not_change_resources_or_limits() -> None:
     assert group == dataclasses.replace(
         parse_group(replicas=0, resources={"GPU": 2}), max_replicas=4
     )
+
+
+# ----- what would crash the operator, refused with a reason --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"scheduler": {"port": 9000, "httpPort": 9000}}, "both 9000"),
+        (
+            {"workerGroups": [{"name": "g", "template": {"spec": {"containers": "oops"}}}]},
+            "workerGroups[g].template.spec.containers must be a list",
+        ),
+        (
+            {
+                "workerGroups": [
+                    {
+                        "name": "g",
+                        "template": {
+                            "spec": {"containers": [{"name": "w", "env": [{"value": 1}]}]}
+                        },
+                    }
+                ]
+            },
+            "env[0] has no name",
+        ),
+        ({"scheduler": {"template": "x"}}, "scheduler.template must be an object"),
+        ({"scheduler": {"template": {"spec": ["x"]}}}, "scheduler.template.spec must be an object"),
+    ],
+)
+def test_specs_that_would_break_the_children_are_invalid_with_a_reason(
+    spec: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(InvalidSpec, match=re.escape(words)):
+        parse("c", "ns", spec)
+
+
+def test_the_operators_defaults_apply_where_the_spec_names_no_image() -> None:
+    defaults = Defaults(image="reg/a:1", image_pull_policy="Always", image_pull_secrets=("cred",))
+    spec = parse("c", "ns", {}, defaults)
+    assert (spec.image, spec.image_pull_policy, spec.image_pull_secrets) == (
+        "reg/a:1",
+        "Always",
+        ("cred",),
+    )
+    own = parse(
+        "c",
+        "ns",
+        {"image": "mine:2", "imagePullPolicy": "Never", "imagePullSecrets": []},
+        defaults,
+    )
+    assert (own.image, own.image_pull_policy, own.image_pull_secrets) == ("mine:2", "Never", ())

@@ -9,7 +9,13 @@ import pytest
 from apportion.operator.autoscale import ScaleDecision, Scaling
 from apportion.operator.manifests import HASH_ANNOTATION, LABEL_CLUSTER, LABEL_GROUP, group_hash
 from apportion.operator.spec import ClusterSpec, parse
-from apportion.operator.status import compute_status, invalid_status, pod_ready, unschedulable
+from apportion.operator.status import (
+    compute_status,
+    invalid_status,
+    pod_ready,
+    unschedulable,
+    with_condition,
+)
 
 T0, T1 = "2024-01-01T00:00:00Z", "2024-01-01T00:05:00Z"
 NO_GPU = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
@@ -154,6 +160,53 @@ def test_phase_follows_connected_workers_and_history(
     assert status["workers"] == f"{connected}/2"
     assert condition(status, "Ready")["status"] == ("True" if phase == "Running" else "False")
     assert condition(status, "Valid")["status"] == "True"
+
+
+def test_a_deliberate_scale_down_is_scaling_not_degraded() -> None:
+    """replicas 2 -> 1 while both workers still run: the surplus is being retired."""
+    spec = cluster(a=1)
+    pods = [pod("a", i, ready=True) for i in range(2)]
+    before = {"phase": "Running", "workerGroups": [{"name": "a", "desiredReplicas": 2}]}
+    status = compute_status(spec, pods, info("c-a-0", "c-a-1"), before, 4, T1)
+    assert status["phase"] == "Scaling"
+    # Later, one worker left but the other not connected back: lost, not scaling.
+    steady = {"phase": "Running", "workerGroups": [{"name": "a", "desiredReplicas": 1}]}
+    status = compute_status(spec, [pod("a", 0, ready=True)], info(), steady, 4, T1)
+    assert status["phase"] == "Degraded"
+
+
+def test_a_deliberate_scale_up_is_scaling_until_complete() -> None:
+    spec = cluster(a=3)
+    pods = [pod("a", i, ready=i < 2) for i in range(3)]
+    before = {"phase": "Running", "workerGroups": [{"name": "a", "desiredReplicas": 2}]}
+    first = compute_status(spec, pods, info("c-a-0", "c-a-1"), before, 4, T1)
+    assert first["phase"] == "Scaling"
+    assert compute_status(spec, pods, info("c-a-0", "c-a-1"), first, 4, T1)["phase"] == "Scaling"
+    done = compute_status(spec, pods, info("c-a-0", "c-a-1", "c-a-2"), first, 4, T1)
+    assert done["phase"] == "Running"
+
+
+def test_a_refused_spec_shows_as_valid_false_while_the_last_valid_one_runs() -> None:
+    spec = cluster(a=2)
+    pods = [pod("a", i, ready=True) for i in range(2)]
+    status = compute_status(
+        spec, pods, info("c-a-0", "c-a-1"), {}, 5, T1, invalid="GPU=1.5 is not whole"
+    )
+    assert status["phase"] == "Running"
+    valid = condition(status, "Valid")
+    assert (valid["status"], valid["reason"], valid["message"]) == (
+        "False",
+        "KeptLastValidSpec",
+        "GPU=1.5 is not whole",
+    )
+
+
+def test_with_condition_replaces_the_condition_of_its_type() -> None:
+    status = {"phase": "Running", "conditions": [{"type": "A", "status": "True"}]}
+    new = {"type": "A", "status": "False"}
+    assert with_condition(status, new)["conditions"] == [new]
+    other = {"type": "B", "status": "True"}
+    assert with_condition(status, other)["conditions"] == [status["conditions"][0], other]
 
 
 def test_a_cluster_with_no_workers_wanted_runs_once_the_scheduler_answers() -> None:

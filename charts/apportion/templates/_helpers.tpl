@@ -47,6 +47,9 @@ helm.sh/chart: {{ include "apportion.chart" . }}
 - apiGroups: ["apportion.dev"]
   resources: ["resourceclusters", "resourceclusters/status"]
   verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["apportion.dev"]
+  resources: ["resourceworkergroups", "resourceworkergroups/status"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
@@ -59,6 +62,9 @@ helm.sh/chart: {{ include "apportion.chart" . }}
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
 {{- end }}
 
 {{/* Cluster-scoped reads that kopf needs in every mode. */}}

@@ -1,0 +1,128 @@
+"""The chart's settings reach the clusters, on the real control plane: the image, its pull
+policy and pull secrets are the default of every ResourceCluster that names none."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from .controlplane import REPO_ROOT, Cluster
+from .deployment import Deployment, deploy_operator
+
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
+
+CHART = REPO_ROOT / "charts" / "apportion"
+
+
+@pytest.fixture(scope="module")
+def deployed(k8s_cluster: Cluster) -> Iterator[Deployment]:
+    with deploy_operator(k8s_cluster) as deployment:
+        yield deployment
+
+
+def cpu_cluster(name: str, port: int) -> dict:
+    """A cluster of one one-worker group, with scheduler ports of its own."""
+    return {
+        "apiVersion": "apportion.dev/v1alpha1",
+        "kind": "ResourceCluster",
+        "metadata": {"name": name},
+        "spec": {
+            "scheduler": {"port": port, "httpPort": port + 1},
+            "workerGroups": [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}],
+        },
+    }
+
+
+def test_the_charts_image_is_the_default_for_clusters(deployed: Deployment) -> None:
+    release = "op-" + deployed.system.rsplit("-", 1)[-1]  # as deploy_operator names it
+    deployed.k8s.helm(
+        "upgrade",
+        release,
+        str(CHART),
+        "-n",
+        deployed.system,
+        "--reuse-values",
+        "--set",
+        "image.repository=registry.example/team/apportion",
+        "--set",
+        "image.tag=9.9.9",
+        "--set",
+        "image.pullPolicy=Always",
+        "--set",
+        "imagePullSecrets[0].name=regcred",
+        "--wait",
+        "--timeout",
+        "3m",
+    )
+    cluster = cpu_cluster("branded", 11386)
+    deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(cluster))
+    deployed.wait_running("branded", {"cpu": 1})
+    assert "image" not in deployed.rc("branded")["spec"], "no schema default hides the chart's"
+    pods = deployed.pods("app.kubernetes.io/instance=branded")
+    assert len(pods) == 2
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        assert container["image"] == "registry.example/team/apportion:9.9.9"
+        assert container["imagePullPolicy"] == "Always"
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    deployed.kubectl("delete", "resourcecluster", "branded", "--wait=true")
+
+
+def operator_pods(deployed: Deployment) -> list[dict]:
+    out = deployed.k8s.kubectl("get", "pods", "-n", deployed.system, "-o", "json")
+    return [
+        p
+        for p in json.loads(out.stdout)["items"]
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def acting(deployed: Deployment, pod: dict) -> bool:
+    log = deployed.k8s.pod_log(pod["metadata"]["name"], deployed.system)
+    return log.rfind("Resuming operations") >= log.rfind("Pausing operations")
+
+
+def test_two_replicas_one_acts_and_the_other_takes_over_mid_scale(deployed: Deployment) -> None:
+    release = "op-" + deployed.system.rsplit("-", 1)[-1]
+    deployed.k8s.helm(
+        "upgrade", release, str(CHART), "-n", deployed.system, "--reuse-values",
+        "--set", "operator.replicas=2", "--wait", "--timeout", "3m",
+    )  # fmt: skip
+
+    def standby() -> dict | None:
+        pods = operator_pods(deployed)
+        paused = [
+            p
+            for p in pods
+            if "Pausing operations in favour of"
+            in deployed.k8s.pod_log(p["metadata"]["name"], deployed.system)
+        ]
+        return paused[0] if len(pods) == 2 and len(paused) == 1 else None
+
+    waiting = deployed.wait(standby, "two operators, one of them standing by")
+    (active,) = [
+        p for p in operator_pods(deployed) if p["metadata"]["uid"] != waiting["metadata"]["uid"]
+    ]
+    cluster = cpu_cluster("relay", 11586)
+    deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(cluster))
+    deployed.wait_running("relay", {"cpu": 1})
+
+    cluster["spec"]["workerGroups"][0]["replicas"] = 3
+    deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(cluster))
+    deployed.k8s.kubectl(
+        "delete", "pod", active["metadata"]["name"], "-n", deployed.system, "--grace-period=0",
+        "--force", "--wait=false",
+    )  # fmt: skip
+    deployed.wait_running("relay", {"cpu": 3})
+    # The one acting now: the standby (resumed once the dead one's record expired) or the
+    # replacement pod, when its random priority is higher; never both.
+    live = operator_pods(deployed)
+    assert active["metadata"]["uid"] not in {p["metadata"]["uid"] for p in live}
+    deployed.wait(
+        lambda: sum(acting(deployed, p) for p in operator_pods(deployed)) == 1,
+        "exactly one operator acting",
+    )
+    deployed.kubectl("delete", "resourcecluster", "relay", "--wait=true")
