@@ -29,7 +29,7 @@ from apportion.resources import parse_spec
 logger = logging.getLogger("apportion.cli")
 
 
-def _tls_options(func):  # type: ignore[no-untyped-def]
+def _tls_options(func):
     """--tls-* flags shared by scheduler and worker; they set comm.tls.* configuration."""
     for flag, help_text in (
         ("--tls-key", "Private key of --tls-cert."),
@@ -42,10 +42,10 @@ def _tls_options(func):  # type: ignore[no-untyped-def]
     return func
 
 
-def _token_options(what: str, default_file: str, no_auth: str):  # type: ignore[no-untyped-def]
+def _token_options(what: str, default_file: str, no_auth: str):
     """--token-file and --no-auth, shared by scheduler and worker."""
 
-    def decorate(func):  # type: ignore[no-untyped-def]
+    def decorate(func):
         func = click.option("--no-auth", is_flag=True, help=no_auth)(func)
         return click.option(
             "--token-file",
@@ -230,7 +230,7 @@ def worker(
 async def _worker_failure(server: Any) -> str | None:
     """Once the worker has finished: why it failed, or None when it stopped on purpose."""
     await server.finished.wait()
-    return server.failure  # type: ignore[no-any-return]
+    return server.failure
 
 
 def _supervise(nworkers: int, name: str | None) -> None:
@@ -302,12 +302,13 @@ def _supervise(nworkers: int, name: str | None) -> None:
                         err=True,
                     )
                     sys.exit(EXIT_STARTUP_FAILED)
-                restart_at[i] = now + backoffs[i].delay(now)
+                delay = backoffs[i].delay(now)
+                restart_at[i] = now + delay
                 logger.warning(
                     "worker %s exited with code %s; restarting it in %.1fs",
                     names[i],
                     child.returncode,
-                    restart_at[i] - now,
+                    delay,
                 )
             if now >= (restart_at[i] or now):
                 restart_at[i] = None

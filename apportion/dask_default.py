@@ -70,6 +70,6 @@ def restore(client: Client, previous: Any = None) -> None:
     config = sys.modules.get("dask.config")
     if config is None:
         return
-    current = config.get("scheduler", None)  # type: ignore[attr-defined]
+    current = config.get("scheduler", None)
     if isinstance(current, _ClientGet) and current._client() in (client, None):
-        config.set(scheduler=previous)  # type: ignore[attr-defined]
+        config.set(scheduler=previous)

@@ -276,7 +276,7 @@ def split_mixed(
         except _Unsplittable:
             # Cannot be taken apart: it runs as one task, with the largest of each demand.
             result[key] = node
-            inner = dict(node.args[0])  # type: ignore[attr-defined]
+            inner = dict(node.args[0])
             annotations[key] = _merged(_annotations_of_parts(inner, table).values())
             continue
         found = _annotations_of_parts(parts, table)
@@ -285,7 +285,7 @@ def split_mixed(
             result[key] = node
             annotations[key] = next(iter(distinct.values()), None)
             continue
-        outkey = node.args[1]  # type: ignore[attr-defined]
+        outkey = node.args[1]
         # A part whose dependent (inside this task) is written under other annotations ends
         # a run: fuse_linear_task_spec never fuses a key it is asked to keep.
         boundaries = {outkey}

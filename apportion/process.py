@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from tornado.ioloop import PeriodicCallback
@@ -98,7 +98,7 @@ def after_exit(returncode: int) -> str:
 
 def serve(
     start: Callable[[], Awaitable[Any]],
-    stop: Callable[[str], Awaitable[None]],
+    stop: Callable[[str], Coroutine[Any, Any, None]],
     finished: Callable[[], Awaitable[Any]],
     ready: Callable[[Any], dict[str, Any]],
     ready_fd: int | None = None,
@@ -126,9 +126,7 @@ def serve(
             return
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(
-                sig, lambda s=sig: background(stop(f"received {signal.Signals(s).name}"))
-            )
+            loop.add_signal_handler(sig, _stop_on_signal, stop, sig)
         parent = os.environ.get(PARENT_PID_ENV)
         if parent:
             watch = PeriodicCallback(lambda: _exit_if_orphaned(int(parent), stop), 500)
@@ -152,6 +150,10 @@ def serve(
         os._exit(code)
 
 
-def _exit_if_orphaned(parent: int, stop: Callable[[str], Awaitable[None]]) -> None:
+def _stop_on_signal(stop: Callable[[str], Coroutine[Any, Any, None]], sig: int) -> None:
+    background(stop(f"received {signal.Signals(sig).name}"))
+
+
+def _exit_if_orphaned(parent: int, stop: Callable[[str], Coroutine[Any, Any, None]]) -> None:
     if os.getppid() != parent:
         background(stop("the process that started us is gone"))

@@ -91,7 +91,7 @@ def in_notebook() -> bool:
     shell = sys.modules.get("IPython")
     if shell is None:
         return False
-    ip = shell.get_ipython()  # type: ignore[attr-defined]
+    ip = shell.get_ipython()
     return ip is not None and ip.__class__.__name__ == "ZMQInteractiveShell"
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,7 +241,7 @@ def _bounds_reason(group: GroupView) -> str:
 
 def observe(
     spec: ClusterSpec,
-    pods: list[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
     info: Mapping[str, Any],
     previous_desired: Mapping[str, int],
     now: float,

@@ -88,7 +88,8 @@ def compute_status(
     ``invalid``: why the current spec was refused (``spec`` is then the last valid one)."""
     workers = list((info or {}).get("workers", {}).values())
     by_name = {w["name"]: w for w in workers}
-    groups, desired, connected_total, all_settled = [], 0, 0, True
+    groups: list[dict[str, Any]] = []
+    desired, connected_total, all_settled = 0, 0, True
     only_scaling = True  # every group short of its target is autoscaled and can be placed
     for group in spec.groups:
         mine = [

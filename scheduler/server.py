@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from apportion.scheduler.state import SchedulerState
@@ -151,12 +151,12 @@ class Scheduler:
                 "registered; give each worker a unique --name",
             )
             return
-        info = {k: hello[k] for k in ("pid", "host") if k in hello}
+        info: dict[str, Any] = {k: hello[k] for k in ("pid", "host") if k in hello}
         comm.send({"op": "welcome", "scheduler": self.address})
         self.comms[address] = comm
         self.state.add_worker(address, name, nthreads, resources, hello.get("memory_limit"), info)
         self._flush()
-        handlers = {
+        handlers: dict[str, Callable[[str, Message], None]] = {
             "task-finished": self.state.handle_task_finished,
             "task-erred": self.state.handle_task_erred,
             "task-released": self.state.handle_task_released,

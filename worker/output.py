@@ -85,9 +85,9 @@ def install() -> None:
     """Capture what task threads print from now on (streams already wrapped stay so)."""
     with _install_lock:
         if not isinstance(sys.stdout, TaskStream):
-            sys.stdout = TaskStream("stdout", sys.stdout)  # type: ignore[assignment]
+            sys.stdout = TaskStream("stdout", sys.stdout)
         if not isinstance(sys.stderr, TaskStream):
-            sys.stderr = TaskStream("stderr", sys.stderr)  # type: ignore[assignment]
+            sys.stderr = TaskStream("stderr", sys.stderr)
 
 
 def begin(task: Any) -> float:

@@ -34,7 +34,7 @@ def encode(messages: list[Message]) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def frame_length(header: bytes | bytearray, limit: int) -> int:
+def frame_length(header: bytes | bytearray | memoryview, limit: int) -> int:
     (length,) = HEADER.unpack(header)
     if length > limit:
         raise ProtocolError(
