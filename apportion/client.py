@@ -40,6 +40,9 @@ logger = logging.getLogger("apportion.client")
 # A dropped future's release waits for the next message to the scheduler, or at most this
 # long (seconds): releases then cost no thread wake-up and no frame of their own.
 RELEASE_DELAY = 0.05
+# Bytes of a submitted task besides its function and arguments (key, options, framing):
+# generous, so that a split submission's messages always fit their frame.
+_SPEC_OVERHEAD = 1024
 
 
 class NoWorkerWarning(UserWarning):
@@ -230,6 +233,11 @@ class Client:
             key = f"{name}-{token}"
         elif not isinstance(key, str):
             raise TypeError(f"key must be a string, got {key!r}")
+        if key in deps:
+            raise ValueError(
+                f"task {key!r} would depend on itself: one of its arguments is the future "
+                f"of key {key!r}; give the new task another key"
+            )
         if limit is None:
             limit = self._limit()
         if len(func_bytes) + len(args_bytes) > limit:
@@ -257,9 +265,22 @@ class Client:
         return int(config.get("comm.max-frame-bytes")) - 4096
 
     def _enqueue(self, specs: list[Message]) -> None:
+        """Post tasks as ``submit`` messages each well within comm.max-frame-bytes (the
+        connection splits a batch of messages into frames, never one message)."""
         if not specs:
             return
-        self._post({"op": "submit", "tasks": specs})
+        budget = self._limit() // 2
+        start, size = 0, 0
+        for i, spec in enumerate(specs):
+            # Function and arguments are nearly all of a task's bytes; the rest is bounded.
+            cost = len(spec["func"]) + len(spec["args"]) + _SPEC_OVERHEAD
+            for dep in spec["deps"]:
+                cost += len(dep) + 8
+            if size + cost > budget and i > start:
+                self._post({"op": "submit", "tasks": specs[start:i]})
+                start, size = i, 0
+            size += cost
+        self._post({"op": "submit", "tasks": specs[start:] if start else specs})
 
     def _post(self, message: Message) -> None:
         """Queue a message for the scheduler from any thread; flushed once per loop tick."""
@@ -342,7 +363,7 @@ class Client:
         for future in futures:
             state = future._state
             if not state.who_has:
-                raise LookupError(f"no worker holds the result of {future.key!r}")
+                raise self._gone(future.key, "no worker holds the result of")
             by_worker.setdefault(state.who_has[0], []).append(state)
 
         async def fetch_from(address: str, states: list[FutureState]) -> None:
@@ -357,10 +378,20 @@ class Client:
             for state in states:
                 data = reply["data"].get(state.key)
                 if data is None:
-                    raise LookupError(f"worker {address} no longer holds {state.key!r}")
+                    raise self._gone(state.key, f"worker {address} no longer holds")
                 state.store(data)
 
         await asyncio.gather(*(fetch_from(a, s) for a, s in by_worker.items()))
+
+    def _gone(self, key: str, problem: str) -> Exception:
+        """The error for a result no worker serves: after the scheduler was lost, that loss
+        is the cause (workers drop their results when they lose it), so it is named."""
+        if self._lost:
+            return SchedulerConnectionError(
+                f"{self._lost}; the result of {key!r} had not been fetched, and workers drop "
+                "their results when they lose the scheduler: submit it again"
+            )
+        return LookupError(f"{problem} {key!r}")
 
     def cancel(self, futures: Iterable[Future]) -> None:
         """Cancel tasks (and what depends on them); their futures raise CancelledError."""

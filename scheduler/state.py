@@ -158,6 +158,14 @@ class SchedulerState(RetirementMixin):
             if not deps:
                 new.append(ts)
                 continue
+            if key in deps:
+                self._fail(
+                    ts,
+                    ValueError(f"task {key!r} depends on itself: it could never run"),
+                )
+                continue
+            if len(set(deps)) != len(deps):
+                deps = list(dict.fromkeys(deps))  # each dependency counts once
             missing = [dep for dep in deps if dep not in tasks]
             if missing:
                 self._fail(
