@@ -9,6 +9,8 @@ from apportion.resources import Resources, Shape
 
 # States in which a task still has to run (so it needs its dependencies).
 ACTIVE = frozenset({"waiting", "queued", "no-worker", "processing"})
+# Those of them not yet sent to a worker.
+WAITING_TO_RUN = frozenset({"waiting", "queued", "no-worker"})
 
 # Shared empty placeholder for a task's sets until something is added: most tasks never
 # get dependents, and three empty sets per task were most of a pending task's memory.

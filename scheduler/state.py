@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from apportion.scheduler.model import ACTIVE, NOTHING, TaskState, WorkerState
+from apportion.scheduler.model import ACTIVE, NOTHING, WAITING_TO_RUN, TaskState, WorkerState
 from apportion.scheduler.placement import ReadyQueues, explain_no_worker, pick_worker
 from apportion.scheduler.retirement import RetirementMixin, bytes_held, in_service_first
 
@@ -64,6 +64,9 @@ class SchedulerState(RetirementMixin):
         # the likeliest still awake and warm (one-at-a-time work stays on one worker).
         self.idle: dict[WorkerState, None] = {}
         self._max_threads = 1
+        # The lowest priority ever submitted: a task above it may outrank runs that fill a
+        # worker's slots (see _outranked_worker); when all share one, none can.
+        self._least_priority = self._most_priority = 0
         self.prefetch = int(config.get("scheduler.worker-prefetch"))
         self.allowed_failures = int(config.get("scheduler.allowed-failures"))
         timeout = config.get("scheduler.no-worker-timeout")
@@ -142,6 +145,10 @@ class SchedulerState(RetirementMixin):
             priority = spec.get("priority")
             if priority:
                 priority = urgent = int(priority)
+                if priority < self._least_priority:
+                    self._least_priority = priority
+                elif priority > self._most_priority:
+                    self._most_priority = priority
             retries = spec.get("retries")
             ts = TaskState(
                 key,
@@ -276,8 +283,15 @@ class SchedulerState(RetirementMixin):
         lost = []
         for ts in ws.has_what:
             ts.who_has = self._without(ts.who_has, ws)
-            if not ts.who_has and ts.state == "memory":
+            if ts.state != "memory":
+                continue
+            if not ts.who_has:
                 lost.append(ts)
+            elif ts.who_wants:
+                # Clients fetch from the first holder they know of: name the survivors.
+                update = {"op": "who-has", "key": ts.key, "who_has": in_service_first(ts.who_has)}
+                for client in ts.who_wants:
+                    self.send(client, update)
         ws.has_what.clear()
         for ts in lost:
             self._forget_data(ts)
@@ -496,10 +510,41 @@ class SchedulerState(RetirementMixin):
             ws = pick_worker(
                 ts, fitting, self.with_slots, reversed(self.idle), 1 / self._max_threads
             )
+        if ws is None and ts.priority > self._least_priority:
+            ws = self._outranked_worker(ts, fitting)
         if ws is None:
             ts.state = "queued"
             self.ready.push(ts)
         else:
+            self._assign(ts, ws)
+
+    def _outranked_worker(self, ts: TaskState, fitting: set[WorkerState]) -> WorkerState | None:
+        """A full worker whose runs waiting for a thread are less urgent than ``ts``.
+
+        Its runs beyond its threads wait there in priority order; a more urgent task sent
+        too starts before them, instead of waiting here until they have run. So slots are
+        counted per priority: a worker takes ``ts`` while fewer than ``slots`` of its runs
+        are at least as urgent (and at most twice its slots in all).
+        """
+        best: WorkerState | None = None
+        best_ahead = 0
+        for ws in fitting:
+            if fits(ts.shape, ws.free):
+                ahead = _runs_ahead(ts, ws)
+                if ahead >= 0 and (best is None or ahead < best_ahead):
+                    best, best_ahead = ws, ahead
+        return best
+
+    def _fill_urgent(self, ws: WorkerState) -> None:
+        """Hand a full worker the queued tasks that outrank runs waiting there."""
+        ready = self.ready
+        while ready.by_shape:
+            ts = ready.pop_for(ws)
+            if ts is None:
+                return
+            if _runs_ahead(ts, ws) < 0:
+                ready.push(ts)  # back in its place (pop_for took the most urgent)
+                return
             self._assign(ts, ws)
 
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
@@ -567,6 +612,8 @@ class SchedulerState(RetirementMixin):
             if ts is None:
                 return
             self._assign(ts, ws)
+        if self._least_priority < self._most_priority and len(ws.processing) > ws.nthreads:
+            self._fill_urgent(ws)
 
     def _leave_current_state(self, ts: TaskState) -> None:
         if ts.state == "no-worker":
@@ -653,7 +700,10 @@ class SchedulerState(RetirementMixin):
             message = self._erred_message(ts)
             for wanter in ts.who_wants:
                 self.send(wanter, message)
-            stack.extend(d for d in ts.dependents if d.state in ACTIVE)
+            # Not the runs under way: they were sent when this result was in memory and may
+            # hold it already (a failed recomputation must not fail them); one that lacks it
+            # reports missing-deps, and fails then.
+            stack.extend(d for d in ts.dependents if d.state in WAITING_TO_RUN)
         for dep in root.dependencies:
             self._release_if_unneeded(dep)
 
@@ -742,8 +792,13 @@ class SchedulerState(RetirementMixin):
                     )
                 if abs(ws.free[name] - (total - used)) > 1e-9:
                     problems.append(f"{ws.name}: {name} free {ws.free[name]} != total - used")
-            if len(ws.processing) > ws.slots and not ws.retiring:
-                problems.append(f"{ws.name}: {len(ws.processing)} runs > {ws.slots} slots")
+            if len(ws.processing) > 2 * ws.max_slots and not ws.retiring:
+                problems.append(f"{ws.name}: {len(ws.processing)} runs > 2 x {ws.slots} slots")
+            priorities = {run.priority for run in ws.processing.values()}
+            if len(ws.processing) > ws.max_slots and len(priorities) < 2:
+                problems.append(
+                    f"{ws.name}: {len(ws.processing)} runs of one priority > {ws.slots} slots"
+                )
         idle = {ws for ws in self.with_slots if not ws.processing}
         if idle != set(self.idle):
             problems.append(
@@ -757,6 +812,21 @@ class SchedulerState(RetirementMixin):
             if ts.state == "memory" and not ts.who_has:
                 problems.append(f"task {ts.key} in memory nowhere")
         return problems + self._retirement_problems()
+
+
+def _runs_ahead(ts: TaskState, ws: WorkerState) -> int:
+    """How many runs on ``ws`` are at least as urgent as ``ts``, when ``ts`` may join them
+    beyond the worker's slots (some of its runs wait for a thread, fewer than ``slots`` of
+    them are as urgent, and it holds less than twice its slots in all); else -1."""
+    processing = ws.processing
+    if len(processing) <= ws.nthreads or len(processing) >= 2 * ws.slots:
+        return -1
+    priority = ts.priority
+    ahead = 0
+    for run in processing.values():
+        if run.priority >= priority:
+            ahead += 1
+    return ahead if ahead < ws.slots else -1
 
 
 def _name(member: Any) -> str:

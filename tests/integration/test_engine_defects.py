@@ -6,6 +6,7 @@ import gc
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -150,11 +151,82 @@ def test_a_released_large_result_leaves_the_workers_memory() -> None:
         )
 
 
-# Helpers for threads in tests that block on files instead of sleeping.
+# ------------------------------------------------------------- priority and prefetch
 def wait_for_file(path: str, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.01)  # polling a file the test creates
+        time.sleep(0.01)  # polling for a file the test creates
     return True
+
+
+def logged(tag: str, log: str, gate: str | None = None) -> str:
+    """Append ``tag`` to ``log`` when it starts; then wait for ``gate`` to exist, if given."""
+    with open(log, "a") as handle:
+        handle.write(tag + "\n")
+    if gate is not None and not wait_for_file(gate):
+        raise TimeoutError(f"gate {gate} never opened")
+    return tag
+
+
+def processing(client: Client) -> int:
+    return sum(w["processing"] for w in client.scheduler_info()["workers"].values())
+
+
+def test_an_urgent_task_runs_before_less_urgent_work_already_prefetched(tmp_path: Path) -> None:
+    log, gate = str(tmp_path / "log"), str(tmp_path / "gate")
+    with config.set({"scheduler.worker-prefetch": 1}):
+        with LocalCluster(n_workers=1) as cluster, Client(cluster) as client:
+            blocker = client.submit(logged, "blocker", log, gate)
+            wait_until(lambda: os.path.exists(log), what="the blocker running")
+            prefetched = client.submit(logged, "prefetched", log)
+            wait_until(lambda: processing(client) == 2, what="the prefetch slot taken")
+            urgent = client.submit(logged, "urgent", log, priority=10)
+            # Known to the scheduler (which places a task as it learns of it).
+            wait_until(lambda: task_count(client) == 3, what="the urgent task submitted")
+            Path(gate).touch()
+            client.gather([blocker, prefetched, urgent])
+    assert Path(log).read_text().split() == ["blocker", "urgent", "prefetched"]
+
+
+# ------------------------------------------------------------------------- replicas
+def test_a_copy_fetched_for_a_task_survives_the_original_holder(tmp_path: Path) -> None:
+    log, started, gate = str(tmp_path / "log"), str(tmp_path / "started"), str(tmp_path / "gate")
+    workers = [
+        {"name": "origin", "resources": {"ORIGIN": 1}},
+        {"name": "user", "resources": {"USER": 1}},
+    ]
+    # A recomputation of x could never run (no other worker has ORIGIN): it would fail
+    # after a second, and so would anything that still counted on it.
+    with config.set({"scheduler.no-worker-timeout": 1}):
+        with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
+            x = client.submit(unique_blob, log, resources={"ORIGIN": 1})
+            y = client.submit(
+                len_after, x, started, gate, resources={"USER": 1}
+            )  # fetches x from origin, then waits
+            wait_until(lambda: os.path.exists(started), what="y running with its input")
+            cluster.kill_worker("origin")
+            wait_until(lambda: len(client.scheduler_info()["workers"]) == 1, what="origin gone")
+            tag, blob = x.result(timeout=30)  # the copy on "user", not a recomputation
+            assert len(blob) == 100_000
+            assert Path(log).read_text().split() == [tag]
+            Path(gate).touch()
+            assert y.result(timeout=30) == 100_000
+            assert client.check_invariants() == []
+
+
+def unique_blob(log: str) -> tuple[str, bytes]:
+    import uuid
+
+    tag = uuid.uuid4().hex
+    with open(log, "a") as handle:
+        handle.write(tag + "\n")
+    return tag, bytes(100_000)
+
+
+def len_after(x: tuple[str, bytes], started: str, gate: str) -> int:
+    Path(started).touch()
+    if not wait_for_file(gate):
+        raise TimeoutError(f"gate {gate} never opened")
+    return len(x[1])
