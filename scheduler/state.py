@@ -18,7 +18,14 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from apportion.scheduler.model import ACTIVE, NOTHING, WAITING_TO_RUN, TaskState, WorkerState
+from apportion.scheduler.model import (
+    ACTIVE,
+    NOTHING,
+    WAITING_TO_RUN,
+    TaskState,
+    TaskStateName,
+    WorkerState,
+)
 from apportion.scheduler.placement import ReadyQueues, explain_no_worker, pick_worker
 from apportion.scheduler.retirement import RetirementMixin, bytes_held, in_service_first
 
@@ -257,8 +264,7 @@ class SchedulerState(RetirementMixin):
                 ws.fitting_shapes.add(shape)
         for shape in [s for s in self.no_worker if s in ws.fitting_shapes]:
             for ts in self.no_worker.pop(shape):
-                ts.state = "released"
-                ts.no_worker_since = None
+                self._set_state(ts, "released")
                 self._make_ready(ts)
         self._fill(ws)
         logger.info("worker %s joined from %s with %s", name, address, format_resources(ws.total))
@@ -301,8 +307,6 @@ class SchedulerState(RetirementMixin):
         for ts in ws.processing.values():
             if ts.processing_on is not ws:
                 continue  # a run cancelled earlier; nothing to redo
-            ts.processing_on = None
-            ts.run_id = None
             ts.suspicious += 1
             if ts.suspicious > self.allowed_failures:
                 self._fail(
@@ -313,13 +317,13 @@ class SchedulerState(RetirementMixin):
                     ),
                 )
             else:
-                ts.state = "released"
+                self._set_state(ts, "released")
                 rerun.append(ts)
         ws.processing.clear()
         # 3. Queued tasks no remaining worker could ever run now wait in no-worker.
         for ts in orphaned:
             if ts.state == "queued":  # not sent back to waiting by a lost dependency above
-                ts.state = "released"
+                self._set_state(ts, "released")
                 self._make_ready(ts)
         # 4. Recompute what is still needed, from lineage.
         for ts in rerun + lost:
@@ -341,15 +345,13 @@ class SchedulerState(RetirementMixin):
         ts = self._end_run(ws, msg["run_id"])
         if ws is None or ts is None:
             return
-        if ts.processing_on is not ws or ts.run_id != msg["run_id"]:
+        if not _current_run(ts, ws, msg["run_id"]):
             # A stale run (cancelled or reassigned): drop its result unless it is wanted here.
             if ts.state != "processing" or ts.processing_on is not ws:
                 self._free_on(ws, ts)
             self._fill(ws)
             return
-        ts.processing_on = None
-        ts.run_id = None
-        ts.state = "memory"
+        self._set_state(ts, "memory")
         ts.nbytes = int(msg.get("nbytes", 0))
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
@@ -374,12 +376,10 @@ class SchedulerState(RetirementMixin):
         ts = self._end_run(ws, msg["run_id"])
         if ws is None or ts is None:
             return
-        if ts.processing_on is ws and ts.run_id == msg["run_id"]:
-            ts.processing_on = None
-            ts.run_id = None
+        if _current_run(ts, ws, msg["run_id"]):
             if ts.retries > 0:
                 ts.retries -= 1
-                ts.state = "released"
+                self._set_state(ts, "released")
                 logger.info("task %s failed on %s; retrying (%d left)", ts.key, ws.name, ts.retries)
                 self._ensure_computed(ts)
             else:
@@ -390,11 +390,9 @@ class SchedulerState(RetirementMixin):
         ws = self.workers.get(address)
         ts = self._end_run(ws, msg["run_id"])
         if ws is not None and ts is not None:
-            if ts.processing_on is ws and ts.run_id == msg["run_id"]:
+            if _current_run(ts, ws, msg["run_id"]):
                 # The worker gave back a run we still wanted (it is shutting down): redo it.
-                ts.processing_on = None
-                ts.run_id = None
-                ts.state = "released"
+                self._set_state(ts, "released")
                 self._ensure_computed(ts)
             self._fill(ws)
 
@@ -420,10 +418,8 @@ class SchedulerState(RetirementMixin):
                     self._ensure_computed(dep)
                 else:
                     self._release_if_unneeded(dep)
-        if ts is not None and ts.processing_on is ws and ts.run_id == msg["run_id"]:
-            ts.processing_on = None
-            ts.run_id = None
-            ts.state = "released"
+        if ts is not None and _current_run(ts, ws, msg["run_id"]):
+            self._set_state(ts, "released")
             self._ensure_computed(ts)
         if ws is not None:
             self._fill(ws)
@@ -484,7 +480,7 @@ class SchedulerState(RetirementMixin):
                 continue
             ts.n_waiting = len(missing)
             if missing:
-                ts.state = "waiting"
+                self._set_state(ts, "waiting")
                 stack.extend(d for d in missing if d.state == "released")
             else:
                 self._make_ready(ts)
@@ -498,7 +494,7 @@ class SchedulerState(RetirementMixin):
                     fitting.add(worker)
                     worker.fitting_shapes.add(ts.shape)
         if not fitting:
-            ts.state = "no-worker"
+            self._set_state(ts, "no-worker")
             ts.no_worker_since = self.clock()
             self.no_worker.setdefault(ts.shape, {})[ts] = None
             for client in ts.who_wants:
@@ -513,7 +509,7 @@ class SchedulerState(RetirementMixin):
         if ws is None and ts.priority > self._least_priority:
             ws = self._outranked_worker(ts, fitting)
         if ws is None:
-            ts.state = "queued"
+            self._set_state(ts, "queued")
             self.ready.push(ts)
         else:
             self._assign(ts, ws)
@@ -549,7 +545,7 @@ class SchedulerState(RetirementMixin):
 
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
         run_id = next(self._run_ids)
-        ts.state = "processing"
+        self._set_state(ts, "processing")
         ts.processing_on = ws
         ts.run_id = run_id
         if not ws.processing:
@@ -615,18 +611,28 @@ class SchedulerState(RetirementMixin):
         if self._least_priority < self._most_priority and len(ws.processing) > ws.nthreads:
             self._fill_urgent(ws)
 
-    def _leave_current_state(self, ts: TaskState) -> None:
-        if ts.state == "no-worker":
-            self.no_worker.get(ts.shape, {}).pop(ts, None)
-            if not self.no_worker.get(ts.shape, True):
-                del self.no_worker[ts.shape]
+    def _set_state(self, ts: TaskState, new: TaskStateName) -> None:
+        """Every change of a task's state goes through here; what leaving a state takes
+        is written once, below. (Entering one is up to the caller: the queue, the run.)"""
+        old = ts.state
+        if old == "processing":
+            ws = ts.processing_on
+            if ws is not None:
+                if ts.run_id in ws.processing and ws.address in self.workers:
+                    # Abandoned while it runs: the worker stops it. The run keeps its
+                    # resources until the worker confirms it stopped (see _end_run).
+                    self.send(ws.address, {"op": "cancel", "run_id": ts.run_id})
+                ts.processing_on = None
+                ts.run_id = None
+        elif old == "no-worker":
+            waiting = self.no_worker.get(ts.shape)
+            if waiting is not None:
+                waiting.pop(ts, None)
+                if not waiting:
+                    del self.no_worker[ts.shape]
             ts.no_worker_since = None
-        elif ts.state == "processing" and ts.processing_on is not None:
-            # The run keeps its resources until the worker confirms it stopped.
-            self.send(ts.processing_on.address, {"op": "cancel", "run_id": ts.run_id})
-            ts.processing_on = None
-            ts.run_id = None
         # "queued" entries are dropped lazily by ReadyQueues.
+        ts.state = new
 
     def _release_if_unneeded(self, ts: TaskState) -> None:
         stack = [ts]
@@ -648,12 +654,10 @@ class SchedulerState(RetirementMixin):
                 for holder in holders:
                     holder.has_what.discard(ts)
                     self._free_on(holder, ts)
-            else:
-                self._leave_current_state(ts)
-            ts.state = "released"
+            self._set_state(ts, "released")
             if not ts.dependents:
                 del self.tasks[ts.key]
-                ts.state = "forgotten"
+                self._set_state(ts, "forgotten")
                 for dep in ts.dependencies:
                     if ts in dep.dependents:
                         dep.dependents.discard(ts)  # type: ignore[union-attr]
@@ -663,7 +667,7 @@ class SchedulerState(RetirementMixin):
 
     def _forget_data(self, ts: TaskState) -> None:
         """Data of a task in memory vanished: dependents not yet started must wait again."""
-        ts.state = "released"
+        self._set_state(ts, "released")
         if ts in self.copying:
             self._forget_copy(ts)
         for client in ts.who_wants:
@@ -672,8 +676,7 @@ class SchedulerState(RetirementMixin):
             if dependent.state == "waiting":
                 dependent.n_waiting += 1
             elif dependent.state in ("queued", "no-worker"):
-                self._leave_current_state(dependent)
-                dependent.state = "waiting"
+                self._set_state(dependent, "waiting")
                 dependent.n_waiting = sum(d.state != "memory" for d in dependent.dependencies)
 
     def _free_on(self, ws: WorkerState, ts: TaskState) -> None:
@@ -693,8 +696,7 @@ class SchedulerState(RetirementMixin):
             ts = stack.pop()
             if ts.state == "erred":
                 continue
-            self._leave_current_state(ts)
-            ts.state = "erred"
+            self._set_state(ts, "erred")
             ts.exception = exception
             ts.traceback = traceback
             message = self._erred_message(ts)
@@ -812,6 +814,12 @@ class SchedulerState(RetirementMixin):
             if ts.state == "memory" and not ts.who_has:
                 problems.append(f"task {ts.key} in memory nowhere")
         return problems + self._retirement_problems()
+
+
+def _current_run(ts: TaskState, ws: WorkerState, run_id: int) -> bool:
+    """Whether a worker's report is about the run ``ts`` waits for (not a stale one: one
+    cancelled, or from before a reassignment)."""
+    return ts.processing_on is ws and ts.run_id == run_id
 
 
 def _runs_ahead(ts: TaskState, ws: WorkerState) -> int:

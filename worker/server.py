@@ -141,7 +141,8 @@ class Worker:
             "host": socket.gethostname(),
         }
         timeout = float(config.get("worker.connect-timeout"))
-        deadline = self._loop.time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         delay = 0.05
         while True:
             try:
@@ -152,11 +153,11 @@ class Worker:
                 break
             except ConnectionRefusedError as exc:
                 # A name still held by our previous (dead) self clears up soon; others don't.
-                if "already registered" not in str(exc) or self._loop.time() > deadline:
+                if "already registered" not in str(exc) or loop.time() > deadline:
                     raise
                 problem: Exception = exc
             except OSError as exc:
-                if self._loop.time() > deadline:
+                if loop.time() > deadline:
                     raise OSError(
                         f"no scheduler at {self.scheduler_address} after {timeout:g}s: {exc}"
                     ) from None
@@ -348,6 +349,7 @@ class Worker:
             if self._drain_scheduled:
                 return True
             self._drain_scheduled = True
+        assert self._loop is not None  # set in start(), before any task thread runs a task
         try:
             self._loop.call_soon_threadsafe(self._drain_unsent)
         except RuntimeError:
