@@ -816,7 +816,7 @@ class SchedulerState(RetirementMixin):
         return problems + self._retirement_problems()
 
 
-def _current_run(ts: TaskState, ws: WorkerState, run_id: int) -> bool:
+def _current_run(ts: TaskState, ws: WorkerState | None, run_id: int) -> bool:
     """Whether a worker's report is about the run ``ts`` waits for (not a stale one: one
     cancelled, or from before a reassignment)."""
     return ts.processing_on is ws and ts.run_id == run_id

@@ -1,9 +1,10 @@
-"""The worker process: runs tasks in threads within its declared resources.
+"""The worker process: the edge around the worker's state machine (worker/state.py).
 
-Tasks arrive from the scheduler (``compute``); their dependencies are fetched
-from peers; a task starts only when a thread is free *and* the local ledger has
-its resources free, whatever the scheduler sent. Results stay here and are
-served to peers and clients; small ones also travel back with the completion.
+What to run, fetch, hold and report is decided there, from the scheduler's messages,
+fetch outcomes and ends of runs; this module carries out its instructions: task threads
+run tasks, peers are asked for inputs, results are served to peers and clients, and
+reports go to the scheduler (from a task thread at once when the connection is idle).
+One lock guards the state machine (its rule is written in Worker.__init__).
 """
 
 from __future__ import annotations
