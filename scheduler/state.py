@@ -345,7 +345,7 @@ class SchedulerState(RetirementMixin):
         ts = self._end_run(ws, msg["run_id"])
         if ws is None or ts is None:
             return
-        if not _current_run(ts, ws, msg["run_id"]):
+        if ts.processing_on is not ws or ts.run_id != msg["run_id"]:  # _current_run, inlined
             # A stale run (cancelled or reassigned): drop its result unless it is wanted here.
             if ts.state != "processing" or ts.processing_on is not ws:
                 self._free_on(ws, ts)
@@ -577,7 +577,7 @@ class SchedulerState(RetirementMixin):
             message["resources"] = dict(shape)
         if ts.priority:
             message["priority"] = ts.priority
-        self.send(ws.address, message)
+        self.outbox[ws.address].append(message)  # self.send, inlined on the hot path
 
     def _end_run(self, ws: WorkerState | None, run_id: int) -> TaskState | None:
         """Release the resources of a run the worker reports over (exactly once)."""
