@@ -281,9 +281,9 @@ class Worker:
                     problems.append(f"{holder} does not hold it")
                     continue
                 value = loads_value(payload)
-            except (OSError, CommClosedError) as exc:
-                logger.info("fetching %s from %s failed: %s", fetch.key, holder, exc)
-                problems.append(f"{holder}: {exc}")
+            except Exception as exc:  # unreachable, gone, or a payload that does not load
+                logger.info("fetching %s from %s failed: %r", fetch.key, holder, exc)
+                problems.append(f"{holder}: {exc!r}")
                 continue
             del payload
             with self._lock:
