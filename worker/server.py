@@ -306,31 +306,36 @@ class Worker:
         while task is not None:
             ok, value, payload, text = self._execute(task)
             with self._lock:
-                instructions = self.state.run_finished(
+                report = self.state.report_run(
                     task, ok, value, payload, text, busy=not self._jobs.empty()
                 )
                 epoch, comm = self.state.epoch, self.scheduler
             # The result belongs to the state now (or to nobody): this thread must not keep
             # it, nor its pickled copy, alive while it waits for the next task.
             del value, payload
-            task = None
             messages: list[Message] = []
-            for instruction in instructions:
-                if isinstance(instruction, Execute):
-                    if task is None:
-                        task = instruction.task  # this thread runs it next
-                    else:
-                        self._jobs.put(instruction.task)
-                elif isinstance(instruction, Send):
-                    messages.append(instruction.message)
-                elif isinstance(instruction, TellClients):
+            for instruction in report:
+                if isinstance(instruction, TellClients):
                     self._tell_clients(instruction)
-                else:  # a run's end fetches nothing
-                    raise AssertionError(f"unexpected instruction {instruction!r}")
-            del instructions
+                else:
+                    assert isinstance(instruction, Send)
+                    messages.append(instruction.message)
+            del report
+            # Reported before the slot is booked free: the scheduler's next task for this
+            # worker is on its way sooner.
             if messages and not self._send_from_thread(comm, messages, epoch):
                 return  # the event loop is closed: the worker is gone
             del messages
+            with self._lock:
+                starts = self.state.free_run(task)
+            task = None
+            for start in starts:
+                assert isinstance(start, Execute)
+                if task is None:
+                    task = start.task  # this thread runs it next
+                else:
+                    self._jobs.put(start.task)
+            del starts
             if task is None:
                 task = self._jobs.get()
 

@@ -298,34 +298,48 @@ class WorkerState:
         traceback: str = "",
         busy: bool = False,
     ) -> list[Instruction]:
-        """A run ended: ``value`` and its pickled ``payload`` when ``ok``, else the pickled
-        exception and its ``traceback``. Frees its thread and resources and starts what
-        can start now (an ``Execute`` first in the list may be run by the same thread).
-        ``busy``: more work is already on its way to a thread (no direct client notice)."""
+        """A run ended: ``report_run`` and ``free_run`` at once. The ``Execute`` of the next
+        task, if any, comes first (the same thread may run it)."""
+        report = self.report_run(task, ok, value, payload, traceback, busy)
+        return self.free_run(task) + report
+
+    def report_run(
+        self,
+        task: WorkerTask,
+        ok: bool,
+        value: Any,
+        payload: bytes,
+        traceback: str = "",
+        busy: bool = False,
+    ) -> list[Instruction]:
+        """What to tell of a run that ended: ``value`` and its pickled ``payload`` when
+        ``ok``, else the pickled exception and its ``traceback``. Its thread and resources
+        stay taken until ``free_run``, so that a task thread can send the report first (the
+        scheduler's next task for this worker is on its way sooner). ``busy``: more work is
+        already on its way to a thread (no direct client notice)."""
+        if self.tasks.get(task.run_id) is task:
+            del self.tasks[task.run_id]  # a cancel from now on crosses the report
+        if task.epoch != self.epoch:
+            return []  # a run the current scheduler never heard of
+        if task.status == "cancelled":
+            return [Send({"op": "task-released", "key": task.key, "run_id": task.run_id})]
+        if not ok:
+            return [Send(erred_message(task, payload, traceback))]
+        # Stored before the scheduler hears of it: a peer may ask for it at once.
+        self.data[task.key] = value
+        message = self.finished_message(task, payload)
+        if task.notify and not busy and not self.ready:
+            # About to go idle: someone likely waits on this very result. (Busy workers
+            # leave it to the scheduler, which batches for clients.)
+            return [TellClients(task.notify, message), Send(message)]
+        return [Send(message)]
+
+    def free_run(self, task: WorkerTask) -> list[Instruction]:
+        """Give back a reported run's thread and resources; start what can start now."""
         self.running -= 1
         self.ledger.release(task.shape, task.units)
-        if self.tasks.get(task.run_id) is task:
-            del self.tasks[task.run_id]
         self._unneed(task)
-        starts = self._start()
-        if task.epoch != self.epoch:
-            return starts  # a run the current scheduler never heard of
-        if task.status == "cancelled":
-            report: list[Instruction] = [
-                Send({"op": "task-released", "key": task.key, "run_id": task.run_id})
-            ]
-        elif not ok:
-            report = [Send(erred_message(task, payload, traceback))]
-        else:
-            # Stored before the scheduler hears of it: a peer may ask for it at once.
-            self.data[task.key] = value
-            message = self.finished_message(task, payload)
-            report = [Send(message)]
-            if task.notify and not busy and not starts and not self.ready:
-                # About to go idle: someone likely waits on this very result. (Busy workers
-                # leave it to the scheduler, which batches for clients.)
-                report.insert(0, TellClients(task.notify, message))
-        return starts + report
+        return self._start()
 
     def finished_message(self, task: WorkerTask, payload: bytes) -> Message:
         message: Message = {
