@@ -12,7 +12,7 @@ process edge (``worker/server.py``) carries out:
   ``fetched`` or ``fetch_failed``.
 
 Resource accounting: a task's resources are taken from the local ledger when it starts
-(``Execute``) and given back when its run ends (``run_finished``), whatever the
+(``Execute``) and given back when its run ends (``free_run``), whatever the
 scheduler sent; so the worker never runs more than it declared. A task starts only when
 a thread is free and its resources fit; among the ready tasks the most urgent starts.
 
@@ -24,7 +24,7 @@ once that need ends.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from apportion.worker.local_resources import LocalResources
 
@@ -76,47 +76,33 @@ class WorkerTask:
         return f"<WorkerTask {self.key!r} run {self.run_id} {self.status}>"
 
 
-class Execute:
-    __slots__ = ("task",)
+class Execute(NamedTuple):
+    """Run ``task`` in a thread (its resources are taken)."""
 
-    def __init__(self, task: WorkerTask) -> None:
-        self.task = task
-
-    def __repr__(self) -> str:
-        return f"Execute({self.task.key!r})"
+    task: WorkerTask
 
 
-class Send:
-    __slots__ = ("message",)
+class Send(NamedTuple):
+    """A message for the scheduler."""
 
-    def __init__(self, message: Message) -> None:
-        self.message = message
-
-    def __repr__(self) -> str:
-        return f"Send({self.message.get('op')!r}, {self.message.get('key')!r})"
+    message: Message
 
 
-class TellClients:
+class TellClients(NamedTuple):
     """Tell ``clients`` of a finished result (``message`` is the scheduler's copy: the
     edge names the clients it reached in its ``notified`` field before sending it)."""
 
-    __slots__ = ("clients", "message")
-
-    def __init__(self, clients: list[str], message: Message) -> None:
-        self.clients = clients
-        self.message = message
+    clients: list[str]
+    message: Message
 
 
-class Fetch:
-    __slots__ = ("epoch", "holders", "key")
+class Fetch(NamedTuple):
+    """Get ``key`` from the first of ``holders`` that has it, then report the outcome
+    with ``epoch`` (``fetched`` or ``fetch_failed``)."""
 
-    def __init__(self, key: str, holders: list[str], epoch: int) -> None:
-        self.key = key
-        self.holders = holders
-        self.epoch = epoch
-
-    def __repr__(self) -> str:
-        return f"Fetch({self.key!r}, {self.holders})"
+    key: str
+    holders: list[str]
+    epoch: int
 
 
 Instruction = Execute | Send | TellClients | Fetch
@@ -289,20 +275,6 @@ class WorkerState:
         return instructions
 
     # --------------------------------------------------------------------- runs
-    def run_finished(
-        self,
-        task: WorkerTask,
-        ok: bool,
-        value: Any,
-        payload: bytes,
-        traceback: str = "",
-        busy: bool = False,
-    ) -> list[Instruction]:
-        """A run ended: ``report_run`` and ``free_run`` at once. The ``Execute`` of the next
-        task, if any, comes first (the same thread may run it)."""
-        report = self.report_run(task, ok, value, payload, traceback, busy)
-        return self.free_run(task) + report
-
     def report_run(
         self,
         task: WorkerTask,

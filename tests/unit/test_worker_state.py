@@ -59,12 +59,20 @@ class Node:
     def finish(self, key: str, value: Any = None, *, busy: bool = False) -> list[Instruction]:
         task = self.running.pop(key)
         payload = pickle.dumps(value if value is not None else key)
-        return self.apply(self.state.run_finished(task, True, value or key, payload, busy=busy))
+        return self.end(task, True, value or key, payload, "", busy)
 
     def err(self, key: str) -> None:
         task = self.running.pop(key)
         data, text = dumps_exception(ValueError(f"{key} failed"))
-        self.apply(self.state.run_finished(task, False, None, data, text))
+        self.end(task, False, None, data, text)
+
+    def end(
+        self, task: Any, ok: bool, value: Any, payload: bytes, text: str, busy: bool = False
+    ) -> list[Instruction]:
+        """As a task thread does: report the run, then free its slot (whose next task, if
+        any, comes first in what is returned: that thread runs it)."""
+        report = self.state.report_run(task, ok, value, payload, text, busy)
+        return self.apply(self.state.free_run(task) + report)
 
     def fetched(self, key: str, value: Any = "fetched", epoch: int | None = None) -> None:
         when = self.state.epoch if epoch is None else epoch
