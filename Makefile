@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## the resources example on a local cluster
 	$(BIN)/apportion demo
 
-test: $(STAMP) k8s-bin system-deps  ## lint, the whole test suite (Kubernetes tests included), the compiled build
+test: $(STAMP) k8s-bin system-deps  ## lint, types, the whole test suite (Kubernetes tests included), the compiled build
 	$(BIN)/ruff check .
+	MYPY=$(BIN)/mypy tools/typecheck.sh
 	$(BIN)/python -m pytest
 	$(MAKE) --no-print-directory test-compiled
 

@@ -16,6 +16,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 from apportion import config
@@ -45,6 +46,9 @@ logger = logging.getLogger("apportion.client")
 # A dropped future's release waits for the next message to the scheduler, or at most this
 # long (seconds): releases then cost no thread wake-up and no frame of their own.
 RELEASE_DELAY = 0.05
+# Bytes of a submitted task besides its function and arguments (key, options, framing):
+# generous, so that a split submission's messages always fit their frame.
+_SPEC_OVERHEAD = 1024
 
 
 class NoWorkerWarning(UserWarning):
@@ -236,6 +240,11 @@ class Client:
             key = f"{name}-{token}"
         elif not isinstance(key, str):
             raise TypeError(f"key must be a string, got {key!r}")
+        if key in deps:
+            raise ValueError(
+                f"task {key!r} would depend on itself: one of its arguments is the future "
+                f"of key {key!r}; give the new task another key"
+            )
         if limit is None:
             limit = self._limit()
         if len(func_bytes) + len(args_bytes) > limit:
@@ -245,10 +254,9 @@ class Client:
                 "of another task (a future) instead of as an argument"
             )
         with self._lock:
-            state = self._states.get(key)
-            fresh = state is None or state.status == "cancelled"
-            if fresh:
-                state = self._states[key] = FutureState(key)
+            known = self._states.get(key)
+            fresh = known is None or known.status == "cancelled"
+            state = self._states[key] = FutureState(key) if fresh or known is None else known
         future = Future(key, self, state)
         if not fresh:
             return None, future
@@ -263,9 +271,22 @@ class Client:
         return int(config.get("comm.max-frame-bytes")) - 4096
 
     def _enqueue(self, specs: list[Message]) -> None:
+        """Post tasks as ``submit`` messages each well within comm.max-frame-bytes (the
+        connection splits a batch of messages into frames, never one message)."""
         if not specs:
             return
-        self._post({"op": "submit", "tasks": specs})
+        budget = self._limit() // 2
+        if _submission_bytes(specs) <= budget:  # the usual case, measured at C speed
+            self._post({"op": "submit", "tasks": specs})
+            return
+        start, size = 0, 0
+        for i, spec in enumerate(specs):
+            cost = _submission_bytes([spec])
+            if size + cost > budget and i > start:
+                self._post({"op": "submit", "tasks": specs[start:i]})
+                start, size = i, 0
+            size += cost
+        self._post({"op": "submit", "tasks": specs[start:]})
 
     def _post(self, message: Message) -> None:
         """Queue a message for the scheduler from any thread; flushed once per loop tick."""
@@ -348,7 +369,7 @@ class Client:
         for future in futures:
             state = future._state
             if not state.who_has:
-                raise LookupError(f"no worker holds the result of {future.key!r}")
+                raise self._gone(future.key, "no worker holds the result of")
             by_worker.setdefault(state.who_has[0], []).append(state)
 
         async def fetch_from(address: str, states: list[FutureState]) -> None:
@@ -363,10 +384,20 @@ class Client:
             for state in states:
                 data = reply["data"].get(state.key)
                 if data is None:
-                    raise LookupError(f"worker {address} no longer holds {state.key!r}")
+                    raise self._gone(state.key, f"worker {address} no longer holds")
                 state.store(data)
 
         await asyncio.gather(*(fetch_from(a, s) for a, s in by_worker.items()))
+
+    def _gone(self, key: str, problem: str) -> Exception:
+        """The error for a result no worker serves: after the scheduler was lost, that loss
+        is the cause (workers drop their results when they lose it), so it is named."""
+        if self._lost:
+            return SchedulerConnectionError(
+                f"{self._lost}; the result of {key!r} had not been fetched, and workers drop "
+                "their results when they lose the scheduler: submit it again"
+            )
+        return LookupError(f"{problem} {key!r}")
 
     def cancel(self, futures: Iterable[Future]) -> None:
         """Cancel tasks (and what depends on them); their futures raise CancelledError."""
@@ -686,6 +717,22 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<Client {self.id if hasattr(self, 'id') else '?'} -> {self.scheduler_address}>"
+
+
+def _submission_bytes(specs: list[Message]) -> int:
+    """An upper bound on the encoded size of ``specs``: their function, argument, key and
+    dependency bytes plus a generous allowance per task for the rest (options, framing)."""
+    return (
+        sum(map(len, map(_FUNC, specs)))
+        + sum(map(len, map(_ARGS, specs)))
+        + sum(map(len, map(_KEY, specs)))
+        + sum(map(len, itertools.chain.from_iterable(map(_DEPS, specs))))
+        + sum(map(len, map(_DEPS, specs))) * 8
+        + len(specs) * _SPEC_OVERHEAD
+    )
+
+
+_FUNC, _ARGS, _KEY, _DEPS = map(itemgetter, ("func", "args", "key", "deps"))
 
 
 def _collect_futures(obj: Any) -> list[Future]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 import time
@@ -23,7 +24,7 @@ class FutureState:
     __slots__ = (
         "_done",
         "_event",
-        "_exception",
+        "_reason",
         "_value",
         "callbacks",
         "data",
@@ -46,7 +47,9 @@ class FutureState:
         self.data: bytes | None = None
         self._value: Any = _MISSING
         self.error: tuple[bytes, str] | None = None
-        self._exception: BaseException | None = None
+        # Why it was cancelled. Kept as a template only: what the client raises is always a
+        # fresh copy (see exception()).
+        self._reason: BaseException | None = None
         self.who_has: list[str] = []
         self.nbytes = 0
         self.callbacks: list[Callable[[], None]] = []
@@ -64,7 +67,7 @@ class FutureState:
         self._set("error")
 
     def cancel(self, reason: BaseException | None = None) -> None:
-        self._exception = reason or CancelledError(f"task {self.key!r} was cancelled")
+        self._reason = reason or CancelledError(f"task {self.key!r} was cancelled")
         self._set("cancelled")
 
     def lose(self) -> None:
@@ -131,10 +134,15 @@ class FutureState:
             self.data = data
 
     def exception(self) -> BaseException:
-        if self._exception is None:
-            assert self.error is not None
-            self._exception = loads_exception(*self.error)
-        return self._exception
+        """A new exception object on every call, never one kept here: a raised exception
+        holds its traceback, whose frames hold the Future that raised it, and a kept one
+        would keep that Future (and so its task on the cluster) alive for good."""
+        if self.status == "error" and self.error is not None:
+            return loads_exception(*self.error)
+        reason = self._reason or CancelledError(self.key)
+        fresh = copy.copy(reason)
+        fresh.__traceback__ = None
+        return fresh
 
 
 class Future:
@@ -188,9 +196,7 @@ class Future:
             raise TimeoutError(f"task {self.key!r} not done after {timeout}s")
 
     def _exception(self) -> BaseException:
-        if self._state.status == "error":
-            return self._state.exception()
-        return self._state._exception or CancelledError(self.key)
+        return self._state.exception()
 
     def __del__(self) -> None:
         try:

@@ -30,14 +30,14 @@ class SerializationError(TypeError):
 class _DependencyIds:
     """Pickler mix-in: futures become persistent ids (their keys), collected as dependencies."""
 
-    def __init__(self, file: io.BytesIO, dependency_type: type) -> None:
+    def __init__(self, file: io.BytesIO, dependency_type: type[Any]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[call-arg]
         self.dependency_type = dependency_type
         self.dependencies: dict[str, None] = {}
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, self.dependency_type):
-            key = obj.key
+            key: str = obj.key
             self.dependencies[key] = None
             return (_DEP_TAG, key)
         return None

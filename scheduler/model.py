@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from apportion.resources import Resources, Shape
 
+# A task's life: released (known, nothing under way) -> waiting (for dependencies) ->
+# queued (ready, no worker free) or no-worker (none could ever run it) -> processing (sent
+# to a worker) -> memory (held by workers) or erred; forgotten once dropped. Every change
+# goes through SchedulerState._set_state.
+TaskStateName = Literal[
+    "released", "waiting", "queued", "no-worker", "processing", "memory", "erred", "forgotten"
+]
+
 # States in which a task still has to run (so it needs its dependencies).
 ACTIVE = frozenset({"waiting", "queued", "no-worker", "processing"})
+# Those of them not yet sent to a worker.
+WAITING_TO_RUN = frozenset({"waiting", "queued", "no-worker"})
 
 # Shared empty placeholder for a task's sets until something is added: most tasks never
 # get dependents, and three empty sets per task were most of a pending task's memory.
@@ -58,7 +68,7 @@ class TaskState:
         self.priority = priority
         self.retries = retries
         self.seq = seq
-        self.state = "released"
+        self.state: TaskStateName = "released"
         self.dependencies: Sequence[TaskState] = ()
         # Created on the first dependent (NOTHING until then).
         self.dependents: set[TaskState] | frozenset[TaskState] = NOTHING

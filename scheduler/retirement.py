@@ -106,6 +106,8 @@ class RetirementMixin:
             return
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
+        if msg.get("replica"):
+            return  # fetched as a task's input: its clients know a holder in service already
         # Clients fetch from the first holder they know of: tell them of the new one.
         update = {"op": "who-has", "key": ts.key, "who_has": in_service_first(ts.who_has)}
         for client in ts.who_wants:

@@ -19,7 +19,14 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from apportion.scheduler.events import EventLog
-from apportion.scheduler.model import ACTIVE, NOTHING, TaskState, WorkerState
+from apportion.scheduler.model import (
+    ACTIVE,
+    NOTHING,
+    WAITING_TO_RUN,
+    TaskState,
+    TaskStateName,
+    WorkerState,
+)
 from apportion.scheduler.placement import ReadyQueues, explain_no_worker, pick_worker
 from apportion.scheduler.retirement import RetirementMixin, bytes_held, in_service_first
 
@@ -65,6 +72,9 @@ class SchedulerState(RetirementMixin):
         # the likeliest still awake and warm (one-at-a-time work stays on one worker).
         self.idle: dict[WorkerState, None] = {}
         self._max_threads = 1
+        # The lowest priority ever submitted: a task above it may outrank runs that fill a
+        # worker's slots (see _outranked_worker); when all share one, none can.
+        self._least_priority = self._most_priority = 0
         self.prefetch = int(config.get("scheduler.worker-prefetch"))
         self.allowed_failures = int(config.get("scheduler.allowed-failures"))
         timeout = config.get("scheduler.no-worker-timeout")
@@ -145,6 +155,10 @@ class SchedulerState(RetirementMixin):
             priority = spec.get("priority")
             if priority:
                 priority = urgent = int(priority)
+                if priority < self._least_priority:
+                    self._least_priority = priority
+                elif priority > self._most_priority:
+                    self._most_priority = priority
             retries = spec.get("retries")
             ts = TaskState(
                 key,
@@ -161,6 +175,14 @@ class SchedulerState(RetirementMixin):
             if not deps:
                 new.append(ts)
                 continue
+            if key in deps:
+                self._fail(
+                    ts,
+                    ValueError(f"task {key!r} depends on itself: it could never run"),
+                )
+                continue
+            if len(set(deps)) != len(deps):
+                deps = list(dict.fromkeys(deps))  # each dependency counts once
             missing = [dep for dep in deps if dep not in tasks]
             if missing:
                 self._fail(
@@ -245,8 +267,7 @@ class SchedulerState(RetirementMixin):
                 ws.fitting_shapes.add(shape)
         for shape in [s for s in self.no_worker if s in ws.fitting_shapes]:
             for ts in self.no_worker.pop(shape):
-                ts.state = "released"
-                ts.no_worker_since = None
+                self._set_state(ts, "released")
                 self._make_ready(ts)
         self._fill(ws)
         logger.info("worker %s joined from %s with %s", name, address, format_resources(ws.total))
@@ -275,8 +296,15 @@ class SchedulerState(RetirementMixin):
         lost = []
         for ts in ws.has_what:
             ts.who_has = self._without(ts.who_has, ws)
-            if not ts.who_has and ts.state == "memory":
+            if ts.state != "memory":
+                continue
+            if not ts.who_has:
                 lost.append(ts)
+            elif ts.who_wants:
+                # Clients fetch from the first holder they know of: name the survivors.
+                update = {"op": "who-has", "key": ts.key, "who_has": in_service_first(ts.who_has)}
+                for client in ts.who_wants:
+                    self.send(client, update)
         ws.has_what.clear()
         for ts in lost:
             self._forget_data(ts)
@@ -286,8 +314,6 @@ class SchedulerState(RetirementMixin):
         for ts in ws.processing.values():
             if ts.processing_on is not ws:
                 continue  # a run cancelled earlier; nothing to redo
-            ts.processing_on = None
-            ts.run_id = None
             ts.suspicious += 1
             if ts.suspicious > self.allowed_failures:
                 self._fail(
@@ -298,13 +324,13 @@ class SchedulerState(RetirementMixin):
                     ),
                 )
             else:
-                ts.state = "released"
+                self._set_state(ts, "released")
                 rerun.append(ts)
         ws.processing.clear()
         # 3. Queued tasks no remaining worker could ever run now wait in no-worker.
         for ts in orphaned:
             if ts.state == "queued":  # not sent back to waiting by a lost dependency above
-                ts.state = "released"
+                self._set_state(ts, "released")
                 self._make_ready(ts)
         # 4. Recompute what is still needed, from lineage.
         for ts in rerun + lost:
@@ -326,15 +352,13 @@ class SchedulerState(RetirementMixin):
         ts = self._end_run(ws, msg["run_id"])
         if ws is None or ts is None:
             return
-        if ts.processing_on is not ws or ts.run_id != msg["run_id"]:
+        if ts.processing_on is not ws or ts.run_id != msg["run_id"]:  # _current_run, inlined
             # A stale run (cancelled or reassigned): drop its result unless it is wanted here.
             if ts.state != "processing" or ts.processing_on is not ws:
                 self._free_on(ws, ts)
             self._fill(ws)
             return
-        ts.processing_on = None
-        ts.run_id = None
-        ts.state = "memory"
+        self._set_state(ts, "memory")
         ts.nbytes = int(msg.get("nbytes", 0))
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
@@ -370,16 +394,14 @@ class SchedulerState(RetirementMixin):
         ts = self._end_run(ws, msg["run_id"])
         if ws is None or ts is None:
             return
-        if ts.processing_on is ws and ts.run_id == msg["run_id"]:
-            ts.processing_on = None
-            ts.run_id = None
+        if _current_run(ts, ws, msg["run_id"]):
             if self.events is not None:
                 self.events.task_ended(ts.key, ws.name, "erred", msg)
             if "output" in msg:
                 self._forward_output(ts, ws, msg["output"])
             if ts.retries > 0:
                 ts.retries -= 1
-                ts.state = "released"
+                self._set_state(ts, "released")
                 logger.info("task %s failed on %s; retrying (%d left)", ts.key, ws.name, ts.retries)
                 self._ensure_computed(ts)
             else:
@@ -390,11 +412,9 @@ class SchedulerState(RetirementMixin):
         ws = self.workers.get(address)
         ts = self._end_run(ws, msg["run_id"])
         if ws is not None and ts is not None:
-            if ts.processing_on is ws and ts.run_id == msg["run_id"]:
+            if _current_run(ts, ws, msg["run_id"]):
                 # The worker gave back a run we still wanted (it is shutting down): redo it.
-                ts.processing_on = None
-                ts.run_id = None
-                ts.state = "released"
+                self._set_state(ts, "released")
                 self._ensure_computed(ts)
             self._fill(ws)
 
@@ -420,10 +440,8 @@ class SchedulerState(RetirementMixin):
                     self._ensure_computed(dep)
                 else:
                     self._release_if_unneeded(dep)
-        if ts is not None and ts.processing_on is ws and ts.run_id == msg["run_id"]:
-            ts.processing_on = None
-            ts.run_id = None
-            ts.state = "released"
+        if ts is not None and _current_run(ts, ws, msg["run_id"]):
+            self._set_state(ts, "released")
             self._ensure_computed(ts)
         if ws is not None:
             self._fill(ws)
@@ -485,7 +503,7 @@ class SchedulerState(RetirementMixin):
                 continue
             ts.n_waiting = len(missing)
             if missing:
-                ts.state = "waiting"
+                self._set_state(ts, "waiting")
                 stack.extend(d for d in missing if d.state == "released")
             else:
                 self._make_ready(ts)
@@ -499,7 +517,7 @@ class SchedulerState(RetirementMixin):
                     fitting.add(worker)
                     worker.fitting_shapes.add(ts.shape)
         if not fitting:
-            ts.state = "no-worker"
+            self._set_state(ts, "no-worker")
             ts.no_worker_since = self.clock()
             self.no_worker.setdefault(ts.shape, {})[ts] = None
             for client in ts.who_wants:
@@ -511,15 +529,46 @@ class SchedulerState(RetirementMixin):
             ws = pick_worker(
                 ts, fitting, self.with_slots, reversed(self.idle), 1 / self._max_threads
             )
+        if ws is None and ts.priority > self._least_priority:
+            ws = self._outranked_worker(ts, fitting)
         if ws is None:
-            ts.state = "queued"
+            self._set_state(ts, "queued")
             self.ready.push(ts)
         else:
             self._assign(ts, ws)
 
+    def _outranked_worker(self, ts: TaskState, fitting: set[WorkerState]) -> WorkerState | None:
+        """A full worker whose runs waiting for a thread are less urgent than ``ts``.
+
+        Its runs beyond its threads wait there in priority order; a more urgent task sent
+        too starts before them, instead of waiting here until they have run. So slots are
+        counted per priority: a worker takes ``ts`` while fewer than ``slots`` of its runs
+        are at least as urgent (and at most twice its slots in all).
+        """
+        best: WorkerState | None = None
+        best_ahead = 0
+        for ws in fitting:
+            if fits(ts.shape, ws.free):
+                ahead = _runs_ahead(ts, ws)
+                if ahead >= 0 and (best is None or ahead < best_ahead):
+                    best, best_ahead = ws, ahead
+        return best
+
+    def _fill_urgent(self, ws: WorkerState) -> None:
+        """Hand a full worker the queued tasks that outrank runs waiting there."""
+        ready = self.ready
+        while ready.by_shape:
+            ts = ready.pop_for(ws)
+            if ts is None:
+                return
+            if _runs_ahead(ts, ws) < 0:
+                ready.push(ts)  # back in its place (pop_for took the most urgent)
+                return
+            self._assign(ts, ws)
+
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
         run_id = next(self._run_ids)
-        ts.state = "processing"
+        self._set_state(ts, "processing")
         ts.processing_on = ws
         ts.run_id = run_id
         if not ws.processing:
@@ -551,7 +600,7 @@ class SchedulerState(RetirementMixin):
             message["resources"] = dict(shape)
         if ts.priority:
             message["priority"] = ts.priority
-        self.send(ws.address, message)
+        self.outbox[ws.address].append(message)  # self.send, inlined on the hot path
 
     def _end_run(self, ws: WorkerState | None, run_id: int) -> TaskState | None:
         """Release the resources of a run the worker reports over (exactly once)."""
@@ -582,19 +631,31 @@ class SchedulerState(RetirementMixin):
             if ts is None:
                 return
             self._assign(ts, ws)
+        if self._least_priority < self._most_priority and len(ws.processing) > ws.nthreads:
+            self._fill_urgent(ws)
 
-    def _leave_current_state(self, ts: TaskState) -> None:
-        if ts.state == "no-worker":
-            self.no_worker.get(ts.shape, {}).pop(ts, None)
-            if not self.no_worker.get(ts.shape, True):
-                del self.no_worker[ts.shape]
+    def _set_state(self, ts: TaskState, new: TaskStateName) -> None:
+        """Every change of a task's state goes through here; what leaving a state takes
+        is written once, below. (Entering one is up to the caller: the queue, the run.)"""
+        old = ts.state
+        if old == "processing":
+            ws = ts.processing_on
+            if ws is not None:
+                if ts.run_id in ws.processing and ws.address in self.workers:
+                    # Abandoned while it runs: the worker stops it. The run keeps its
+                    # resources until the worker confirms it stopped (see _end_run).
+                    self.send(ws.address, {"op": "cancel", "run_id": ts.run_id})
+                ts.processing_on = None
+                ts.run_id = None
+        elif old == "no-worker":
+            waiting = self.no_worker.get(ts.shape)
+            if waiting is not None:
+                waiting.pop(ts, None)
+                if not waiting:
+                    del self.no_worker[ts.shape]
             ts.no_worker_since = None
-        elif ts.state == "processing" and ts.processing_on is not None:
-            # The run keeps its resources until the worker confirms it stopped.
-            self.send(ts.processing_on.address, {"op": "cancel", "run_id": ts.run_id})
-            ts.processing_on = None
-            ts.run_id = None
         # "queued" entries are dropped lazily by ReadyQueues.
+        ts.state = new
 
     def _release_if_unneeded(self, ts: TaskState) -> None:
         stack = [ts]
@@ -616,12 +677,10 @@ class SchedulerState(RetirementMixin):
                 for holder in holders:
                     holder.has_what.discard(ts)
                     self._free_on(holder, ts)
-            else:
-                self._leave_current_state(ts)
-            ts.state = "released"
+            self._set_state(ts, "released")
             if not ts.dependents:
                 del self.tasks[ts.key]
-                ts.state = "forgotten"
+                self._set_state(ts, "forgotten")
                 for dep in ts.dependencies:
                     if ts in dep.dependents:
                         dep.dependents.discard(ts)  # type: ignore[union-attr]
@@ -631,7 +690,7 @@ class SchedulerState(RetirementMixin):
 
     def _forget_data(self, ts: TaskState) -> None:
         """Data of a task in memory vanished: dependents not yet started must wait again."""
-        ts.state = "released"
+        self._set_state(ts, "released")
         if ts in self.copying:
             self._forget_copy(ts)
         for client in ts.who_wants:
@@ -640,8 +699,7 @@ class SchedulerState(RetirementMixin):
             if dependent.state == "waiting":
                 dependent.n_waiting += 1
             elif dependent.state in ("queued", "no-worker"):
-                self._leave_current_state(dependent)
-                dependent.state = "waiting"
+                self._set_state(dependent, "waiting")
                 dependent.n_waiting = sum(d.state != "memory" for d in dependent.dependencies)
 
     def _free_on(self, ws: WorkerState, ts: TaskState) -> None:
@@ -661,14 +719,16 @@ class SchedulerState(RetirementMixin):
             ts = stack.pop()
             if ts.state == "erred":
                 continue
-            self._leave_current_state(ts)
-            ts.state = "erred"
+            self._set_state(ts, "erred")
             ts.exception = exception
             ts.traceback = traceback
             message = self._erred_message(ts)
             for wanter in ts.who_wants:
                 self.send(wanter, message)
-            stack.extend(d for d in ts.dependents if d.state in ACTIVE)
+            # Not the runs under way: they were sent when this result was in memory and may
+            # hold it already (a failed recomputation must not fail them); one that lacks it
+            # reports missing-deps, and fails then.
+            stack.extend(d for d in ts.dependents if d.state in WAITING_TO_RUN)
         for dep in root.dependencies:
             self._release_if_unneeded(dep)
 
@@ -763,8 +823,13 @@ class SchedulerState(RetirementMixin):
                     )
                 if abs(ws.free[name] - (total - used)) > 1e-9:
                     problems.append(f"{ws.name}: {name} free {ws.free[name]} != total - used")
-            if len(ws.processing) > ws.slots and not ws.retiring:
-                problems.append(f"{ws.name}: {len(ws.processing)} runs > {ws.slots} slots")
+            if len(ws.processing) > 2 * ws.max_slots and not ws.retiring:
+                problems.append(f"{ws.name}: {len(ws.processing)} runs > 2 x {ws.slots} slots")
+            priorities = {run.priority for run in ws.processing.values()}
+            if len(ws.processing) > ws.max_slots and len(priorities) < 2:
+                problems.append(
+                    f"{ws.name}: {len(ws.processing)} runs of one priority > {ws.slots} slots"
+                )
         idle = {ws for ws in self.with_slots if not ws.processing}
         if idle != set(self.idle):
             problems.append(
@@ -778,6 +843,27 @@ class SchedulerState(RetirementMixin):
             if ts.state == "memory" and not ts.who_has:
                 problems.append(f"task {ts.key} in memory nowhere")
         return problems + self._retirement_problems()
+
+
+def _current_run(ts: TaskState, ws: WorkerState | None, run_id: int) -> bool:
+    """Whether a worker's report is about the run ``ts`` waits for (not a stale one: one
+    cancelled, or from before a reassignment)."""
+    return ts.processing_on is ws and ts.run_id == run_id
+
+
+def _runs_ahead(ts: TaskState, ws: WorkerState) -> int:
+    """How many runs on ``ws`` are at least as urgent as ``ts``, when ``ts`` may join them
+    beyond the worker's slots (some of its runs wait for a thread, fewer than ``slots`` of
+    them are as urgent, and it holds less than twice its slots in all); else -1."""
+    processing = ws.processing
+    if len(processing) <= ws.nthreads or len(processing) >= 2 * ws.slots:
+        return -1
+    priority = ts.priority
+    ahead = 0
+    for run in processing.values():
+        if run.priority >= priority:
+            ahead += 1
+    return ahead if ahead < ws.slots else -1
 
 
 def _name(member: Any) -> str:

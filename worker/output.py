@@ -122,7 +122,7 @@ def send_running_output(tasks: Iterable[Any], send: Callable[[dict[str, Any]], A
 def units_held(tasks: Iterable[Any]) -> dict[str, Any]:
     """For the heartbeat: ``{"units": [[run_id, {"GPU": [1]}], ...]}`` for the running
     tasks holding numbered units (the dashboard shows who holds which); empty if none."""
-    held = [[t.run_id, t.units] for t in list(tasks) if t.state == "running" and t.units]
+    held = [[t.run_id, t.units] for t in list(tasks) if t.status == "running" and t.units]
     return {"units": held} if held else {}
 
 

@@ -767,3 +767,136 @@ def test_missing_deps_report_for_a_cancelled_run_still_recomputes_a_wanted_depen
     sim.step()
     assert sim.client_ops("a") == ["task-finished", "task-lost"]
     assert sim.states() == {"a": "processing"}
+
+
+# ---------------------------------------------------------- urgency beyond the slots
+def test_an_urgent_task_goes_to_a_worker_whose_prefetched_run_is_less_urgent() -> None:
+    sim = Sim({"scheduler.worker-prefetch": 1})
+    sim.add_client("c")
+    sim.add_worker("w", nthreads=1)
+    sim.submit("running")
+    sim.submit("prefetched")
+    assert sim.outstanding() == ["prefetched", "running"]  # both slots taken
+    sim.submit("urgent", priority=5)
+    # Sent too: the worker starts the most urgent of what it holds, so "urgent" runs next.
+    assert sim.computed_keys("w") == ["running", "prefetched", "urgent"]
+    sim.submit("as-urgent", priority=5)
+    sim.submit("more-urgent", priority=9)
+    assert sim.computed_keys("w")[3:] == ["as-urgent"]  # two at priority 5 fill both slots
+    # It outranks those two as well, but a worker holds at most twice its slots.
+    assert sim.states()["more-urgent"] == "queued"
+    sim.finish("running")
+    assert sim.computed_keys("w")[4:] == ["more-urgent"]
+    sim.submit("ordinary")
+    assert sim.states()["ordinary"] == "queued"
+
+
+def test_without_prefetch_nothing_waits_on_a_worker_so_urgent_tasks_queue() -> None:
+    sim = Sim({"scheduler.worker-prefetch": 0})
+    sim.add_client("c")
+    sim.add_worker("w", nthreads=1)
+    sim.submit("running")
+    sim.submit("urgent", priority=5)
+    assert sim.states()["urgent"] == "queued"
+    sim.finish("running")
+    assert sim.outstanding() == ["urgent"]
+
+
+# ------------------------------------------------------- self and duplicate dependencies
+def test_a_task_depending_on_itself_errs_at_once_and_is_forgotten_on_release(sim: Sim) -> None:
+    sim.add_worker("w")
+    sim.submit("loop", deps=["loop"])
+    assert sim.states() == {"loop": "erred"}
+    assert "depends on itself" in str(sim.error_of("loop"))
+    assert sim.computed_keys() == []
+    sim.release("loop")
+    assert sim.state.tasks == {}
+
+
+def test_a_dependency_listed_twice_counts_once(sim: Sim) -> None:
+    sim.add_worker("w")
+    sim.submit("a")
+    sim.submit("b", deps=["a", "a"])
+    assert sim.states()["b"] == "waiting"
+    sim.finish("a")
+    assert sim.states()["b"] == "processing"
+    assert sim.computes[-1][1]["deps"] == {"a": ["w"]}
+    sim.finish("b")
+    sim.release("a", "b")
+    assert sim.state.tasks == {}
+
+
+# ----------------------------------------------------------------------- replicas
+def test_a_fetched_copy_is_a_holder_and_survives_the_original_holders_death(sim: Sim) -> None:
+    sim.add_worker("origin", {"O": 1})
+    sim.add_worker("user", {"U": 1})
+    sim.submit("x", resources={"O": 1})
+    sim.finish("x")
+    sim.submit("y", deps=["x"], resources={"U": 1})
+    sim.state.handle_data_acquired("user", {"key": "x", "replica": True})
+    sim.step()
+    assert sim.client_messages("who-has") == []  # its clients know a holder already
+    assert {ws.address for ws in sim.state.tasks["x"].who_has} == {"origin", "user"}
+    sim.remove_worker("origin")
+    # Not lost: no recomputation; the client is told where the surviving copy is.
+    assert sim.states() == {"x": "memory", "y": "processing"}
+    assert sim.client_ops("x") == ["task-finished", "who-has"]
+    assert sim.client_messages("who-has")[-1]["who_has"] == ["user"]
+    sim.finish("y")
+    sim.release("x", "y")
+    assert sim.freed["user"] == ["x", "y"]
+
+
+def test_a_copy_of_a_result_no_longer_kept_is_freed_on_arrival(sim: Sim) -> None:
+    sim.add_worker("w1", {"A": 1})
+    sim.add_worker("w2")
+    sim.submit("x", resources={"A": 1})
+    sim.finish("x")
+    sim.release("x")
+    sim.state.handle_data_acquired("w2", {"key": "x", "replica": True})
+    sim.step()
+    assert sim.freed["w2"] == ["x"]
+
+
+def test_a_failed_recomputation_does_not_fail_a_run_already_under_way() -> None:
+    sim = Sim({"scheduler.no-worker-timeout": 5})
+    sim.add_client("c")
+    sim.add_worker("origin", {"O": 1})
+    sim.add_worker("user", {"U": 1})
+    sim.submit("x", resources={"O": 1})
+    sim.finish("x")
+    sim.submit("y", deps=["x"], resources={"U": 1})
+    sim.submit("z", deps=["x"], resources={"U": 1})  # waits for y's slot... and for x
+    sim.release("x")
+    sim.remove_worker("origin")  # y fetched x before (not yet reported): x looks lost
+    assert sim.states()["x"] == "no-worker"
+    sim.clock.now += 10  # type: ignore[attr-defined]
+    sim.state.check_timeouts()
+    sim.step()
+    # x's recomputation failed: z, which still needs x, errs; y, under way, does not.
+    assert sim.states()["x"] == "erred"
+    assert sim.states()["z"] == "erred"
+    assert sim.states()["y"] == "processing"
+    sim.finish("y")
+    assert sim.states()["y"] == "memory"
+    assert sim.client_ops("y") == ["task-finished"]
+
+
+def test_a_run_under_way_that_lacks_an_input_whose_recomputation_failed_errs_then(
+    sim: Sim,
+) -> None:
+    sim.add_worker("origin", {"O": 1})
+    sim.add_worker("user", {"U": 1})
+    sim.submit("x", resources={"O": 1})
+    sim.finish("x")
+    sim.submit("y", deps=["x"], resources={"U": 1})
+    address, run_id = sim.run_of("y")
+    sim.add_worker("origin2", {"O": 1})
+    sim.remove_worker("origin")
+    sim.err("x", ValueError("not again"))
+    assert sim.states()["y"] == "processing"
+    del sim.runs[address][run_id]
+    sim.state.handle_missing_deps(address, {"run_id": run_id, "missing": {"x": ["origin"]}})
+    sim.step()
+    assert sim.states()["y"] == "erred"
+    assert "not again" in str(sim.error_of("y"))

@@ -1,0 +1,351 @@
+"""The worker's state machine (worker/state.py), driven without processes, threads or sockets.
+
+``Node`` plays the worker's edge: it records the instructions, "runs" the tasks handed to
+threads only when a test says so, and checks the state machine's books after every event.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+from apportion.worker.state import Execute, Fetch, Instruction, Send, TellClients, WorkerState
+
+from apportion.serialize import dumps_exception, loads_value
+
+Message = dict[str, Any]
+
+
+class Node:
+    def __init__(
+        self, nthreads: int = 1, resources: dict[str, float] | None = None, inline: int = 100
+    ) -> None:
+        self.state = WorkerState(nthreads, resources or {}, "w", inline_limit=inline)
+        self.running: dict[str, Any] = {}  # key -> WorkerTask handed to a thread
+        self.started: list[str] = []  # keys, in the order they were handed to threads
+        self.sent: list[Message] = []
+        self.fetches: list[Fetch] = []
+        self.told: list[tuple[list[str], Message]] = []
+
+    def apply(self, instructions: list[Instruction]) -> list[Instruction]:
+        for instruction in instructions:
+            if isinstance(instruction, Execute):
+                task = instruction.task
+                assert task.key not in self.running, f"{task.key} started twice"
+                self.running[task.key] = task
+                self.started.append(task.key)
+            elif isinstance(instruction, Send):
+                self.sent.append(instruction.message)
+            elif isinstance(instruction, Fetch):
+                self.fetches.append(instruction)
+            elif isinstance(instruction, TellClients):
+                self.told.append((instruction.clients, instruction.message))
+        problems = self.state.check_invariants()
+        assert problems == [], problems
+        # Independent ledger: the resources in use are exactly those of the runs in threads.
+        for name, total in self.state.resources.items():
+            held = sum(dict(t.shape).get(name, 0) for t in self.running.values())
+            assert abs(self.state.ledger.used[name] - held) < 1e-9, (name, held)
+            assert held <= total + 1e-9
+        assert len(self.running) <= self.state.nthreads
+        return instructions
+
+    # ------------------------------------------------------------------ events
+    def compute(self, key: str, run_id: int | None = None, **fields: Any) -> None:
+        message = {"key": key, "run_id": run_id or _run_id(key), "func": b"f", "args": b"a"}
+        self.apply(self.state.compute({**message, **fields}))
+
+    def finish(self, key: str, value: Any = None, *, busy: bool = False) -> list[Instruction]:
+        task = self.running.pop(key)
+        payload = pickle.dumps(value if value is not None else key)
+        return self.end(task, True, value or key, payload, "", busy)
+
+    def err(self, key: str) -> None:
+        task = self.running.pop(key)
+        data, text = dumps_exception(ValueError(f"{key} failed"))
+        self.end(task, False, None, data, text)
+
+    def end(
+        self, task: Any, ok: bool, value: Any, payload: bytes, text: str, busy: bool = False
+    ) -> list[Instruction]:
+        """As a task thread does: report the run, then free its slot (whose next task, if
+        any, comes first in what is returned: that thread runs it)."""
+        report = self.state.report_run(task, ok, value, payload, text, busy)
+        return self.apply(self.state.free_run(task) + report)
+
+    def fetched(self, key: str, value: Any = "fetched", epoch: int | None = None) -> None:
+        when = self.state.epoch if epoch is None else epoch
+        self.apply(self.state.fetched(key, value, when))
+
+    def fetch_failed(self, key: str) -> None:
+        self.apply(self.state.fetch_failed(key, self.state.epoch, "no holder answered"))
+
+    def ops(self, op: str) -> list[Message]:
+        return [m for m in self.sent if m["op"] == op]
+
+
+def _run_id(key: str) -> int:
+    """A distinct run id per key (as the scheduler would send)."""
+    return int.from_bytes(key.encode(), "big")
+
+
+# ---------------------------------------------------------------------------- runs
+def test_a_task_without_inputs_runs_at_once_and_its_result_is_held_and_reported() -> None:
+    node = Node()
+    node.compute("a")
+    assert node.started == ["a"]
+    node.finish("a", value=42)
+    (finished,) = node.ops("task-finished")
+    assert finished["key"] == "a" and finished["run_id"] == _run_id("a")
+    assert loads_value(finished["data"]) == 42  # small: travels with the report
+    assert node.state.data == {"a": 42}
+    assert node.state.tasks == {}
+
+
+def test_a_large_result_stays_here_and_only_its_size_is_reported() -> None:
+    node = Node(inline=10)
+    node.compute("big")
+    node.finish("big", value="x" * 1000)
+    (finished,) = node.ops("task-finished")
+    assert "data" not in finished and finished["nbytes"] > 1000
+    assert node.state.data["big"] == "x" * 1000
+
+
+def test_an_error_is_reported_and_nothing_is_held() -> None:
+    node = Node()
+    node.compute("bad")
+    node.err("bad")
+    (erred,) = node.ops("task-erred")
+    assert isinstance(loads_value(erred["exception"]), ValueError)
+    assert "bad failed" in erred["traceback"]
+    assert node.state.data == {}
+
+
+def test_tasks_beyond_the_threads_wait_and_the_most_urgent_starts_next() -> None:
+    node = Node(nthreads=1)
+    node.compute("first")
+    node.compute("low", priority=0)
+    node.compute("high", priority=5)
+    node.compute("mid", priority=2)
+    assert node.started == ["first"]
+    instructions = node.finish("first")
+    # The finishing thread's instructions start the next task first (it runs it itself).
+    assert isinstance(instructions[0], Execute) and instructions[0].task.key == "high"
+    node.finish("high")
+    node.finish("mid")
+    assert node.started == ["first", "high", "mid", "low"]
+
+
+def test_equal_priorities_start_in_arrival_order() -> None:
+    node = Node(nthreads=1)
+    for key in ["a", "b", "c", "d"]:
+        node.compute(key)
+    for key in ["a", "b", "c"]:
+        node.finish(key)
+    assert node.started == ["a", "b", "c", "d"]
+
+
+def test_clients_are_told_directly_only_when_the_worker_goes_idle() -> None:
+    node = Node(nthreads=1)
+    node.compute("a", notify=["client-1"])
+    node.compute("b", notify=["client-1"])
+    node.finish("a")
+    assert node.told == []  # b starts at once: busy workers leave it to the scheduler
+    node.finish("b")
+    ((clients, message),) = node.told
+    assert clients == ["client-1"] and message["key"] == "b"
+    assert message is node.ops("task-finished")[-1]  # the edge names who it told in it
+    node.compute("c", notify=["client-1"])
+    node.finish("c", busy=True)  # more work already on its way to a thread
+    assert len(node.told) == 1
+
+
+# ----------------------------------------------------------------- resources
+def test_a_task_starts_only_when_its_resources_are_free_whatever_the_threads() -> None:
+    node = Node(nthreads=4, resources={"GPU": 2})
+    node.compute("g1", resources={"GPU": 1})
+    node.compute("g2", resources={"GPU": 2})
+    node.compute("g3", resources={"GPU": 1})
+    node.compute("cpu")
+    # g2 does not fit while g1 holds a GPU; g3 and cpu, behind it, do.
+    assert node.started == ["g1", "g3", "cpu"]
+    node.finish("g1")
+    assert node.started == ["g1", "g3", "cpu"]
+    node.finish("g3")
+    assert node.started[-1] == "g2"
+    assert node.running["g2"].units == {"GPU": [0, 1]}
+
+
+def test_whole_units_are_granted_and_given_back() -> None:
+    node = Node(nthreads=2, resources={"GPU": 2})
+    node.compute("a", resources={"GPU": 1})
+    node.compute("b", resources={"GPU": 1})
+    assert node.running["a"].units == {"GPU": [0]}
+    assert node.running["b"].units == {"GPU": [1]}
+    node.finish("a")
+    node.compute("c", resources={"GPU": 1})
+    assert node.running["c"].units == {"GPU": [0]}
+
+
+def test_a_demand_beyond_what_the_worker_declared_errs_at_once() -> None:
+    node = Node(resources={"GPU": 1})
+    node.compute("huge", resources={"GPU": 2})
+    (erred,) = node.ops("task-erred")
+    assert "needs GPU=2" in str(loads_value(erred["exception"]))
+    assert node.started == [] and node.state.tasks == {}
+
+
+# --------------------------------------------------------------------- fetches
+def test_inputs_held_elsewhere_are_fetched_once_and_reported_as_copies() -> None:
+    node = Node(nthreads=2)
+    node.compute("y", deps={"x": ["peer"]})
+    node.compute("z", deps={"x": ["peer"]})
+    assert [(f.key, f.holders) for f in node.fetches] == [("x", ["peer"])]
+    assert node.started == []
+    node.fetched("x", 7)
+    assert node.started == ["y", "z"]
+    assert node.ops("data-acquired") == [{"op": "data-acquired", "key": "x", "replica": True}]
+    assert node.state.data["x"] == 7
+
+
+def test_an_input_held_here_needs_no_fetch() -> None:
+    node = Node()
+    node.compute("x")
+    node.finish("x", value=3)
+    node.compute("y", deps={"x": ["w"]})
+    assert node.fetches == [] and node.started == ["x", "y"]
+
+
+def test_a_failed_fetch_sends_the_task_back_as_missing_its_input() -> None:
+    node = Node()
+    node.compute("y", deps={"x": ["dead-peer"], "other": ["peer"]})
+    node.fetch_failed("x")
+    (missing,) = node.ops("missing-deps")
+    assert missing == {
+        "op": "missing-deps",
+        "key": "y",
+        "run_id": _run_id("y"),
+        "missing": {"x": ["dead-peer"]},
+    }
+    assert node.state.tasks == {}
+    node.fetched("other", 1)  # arrives anyway: kept as a copy, no task starts
+    assert node.started == [] and node.state.data == {"other": 1}
+
+
+def test_a_freed_key_goes_only_once_no_task_here_needs_it() -> None:
+    node = Node(nthreads=1)
+    node.compute("blocker")
+    node.compute("y", deps={"x": ["peer"]})
+    node.fetched("x", 1)
+    node.state.free_keys(["x"])  # the scheduler no longer keeps x; y still needs it
+    assert node.state.data["x"] == 1
+    node.finish("blocker")
+    node.finish("y")
+    assert "x" not in node.state.data and "y" in node.state.data
+    node.state.free_keys(["y", "blocker", "unknown"])
+    assert node.state.data == {}
+
+
+def test_acquire_copies_a_result_for_a_retiring_peer_and_reports_it() -> None:
+    node = Node()
+    node.apply(node.state.acquire("x", ["retiring"]))
+    node.fetched("x", 5)
+    assert node.ops("data-acquired") == [{"op": "data-acquired", "key": "x", "replica": False}]
+    node.apply(node.state.acquire("y", ["retiring"]))
+    node.apply(node.state.fetch_failed("y", node.state.epoch, "no holder answered"))
+    (failed,) = node.ops("acquire-failed")
+    assert failed["key"] == "y" and "no holder" in failed["reason"]
+
+
+# ---------------------------------------------------------------------- cancel
+def test_cancelling_a_task_not_yet_running_releases_it_at_once() -> None:
+    node = Node(nthreads=1)
+    node.compute("running")
+    node.compute("waiting")
+    node.compute("fetching", deps={"x": ["peer"]})
+    node.apply(node.state.cancel(_run_id("waiting")))
+    node.apply(node.state.cancel(_run_id("fetching")))
+    assert [m["key"] for m in node.ops("task-released")] == ["waiting", "fetching"]
+    node.fetched("x")  # nothing waits for it any more
+    node.finish("running")
+    assert node.started == ["running"]
+
+
+def test_a_cancelled_run_keeps_its_resources_until_it_ends_then_its_result_is_dropped() -> None:
+    node = Node(nthreads=2, resources={"GPU": 1})
+    node.compute("a", resources={"GPU": 1})
+    node.apply(node.state.cancel(_run_id("a")))
+    assert node.ops("task-released") == []
+    node.compute("b", resources={"GPU": 1})
+    assert node.started == ["a"]  # a still holds the GPU
+    node.finish("a")
+    assert [m["key"] for m in node.ops("task-released")] == ["a"]
+    assert node.ops("task-finished") == [] and "a" not in node.state.data
+    assert node.started == ["a", "b"]
+
+
+def test_cancelling_an_unknown_run_does_nothing() -> None:
+    node = Node()
+    assert node.state.cancel(12345) == []
+
+
+# ------------------------------------------------------ losing and resuming the scheduler
+def test_after_the_scheduler_is_lost_old_runs_report_nothing_and_keep_resources_to_the_end() -> (
+    None
+):
+    node = Node(nthreads=2, resources={"GPU": 1})
+    node.compute("old", resources={"GPU": 1})
+    node.compute("queued", resources={"GPU": 1})
+    node.compute("fetching", deps={"x": ["peer"]})
+    node.state.data["kept"] = 1
+    node.state.scheduler_lost()
+    assert node.state.data == {} and node.state.tasks == {} and node.state.ready == []
+    # A new scheduler's task needs the GPU that the old run still holds.
+    node.compute("new", run_id=1, resources={"GPU": 1})
+    assert node.started == ["old"]
+    node.fetched("x", epoch=0)  # a fetch for the old scheduler: ignored
+    assert "x" not in node.state.data
+    node.finish("old")
+    assert all(m["key"] != "old" for m in node.sent)
+    assert node.started == ["old", "new"]
+    node.finish("new")
+    assert [m["key"] for m in node.ops("task-finished")] == ["new"]
+
+
+# ------------------------------------------------------------------ random walk
+@pytest.mark.parametrize("seed", range(20))
+def test_random_events_keep_the_books_straight(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    node = Node(nthreads=rng.randint(1, 3), resources={"GPU": 2, "MEM": 1.5})
+    for step in range(300):
+        roll = rng.random()
+        if roll < 0.35:
+            demand = rng.choice([{}, {"GPU": 1}, {"GPU": 2}, {"MEM": 0.5}, {"GPU": 1, "MEM": 1}])
+            deps = {f"d{rng.randint(0, 4)}": ["peer"]} if rng.random() < 0.3 else {}
+            node.compute(f"t{step}", resources=demand, deps=deps, priority=rng.randint(0, 3))
+        elif roll < 0.6 and node.running:
+            key = rng.choice(sorted(node.running))
+            node.finish(key) if rng.random() < 0.8 else node.err(key)
+        elif roll < 0.7 and node.state.fetching:
+            key = rng.choice(sorted(node.state.fetching))
+            node.fetched(key) if rng.random() < 0.8 else node.fetch_failed(key)
+        elif roll < 0.8 and node.state.tasks:
+            node.apply(node.state.cancel(rng.choice(sorted(node.state.tasks))))
+        elif roll < 0.85 and node.state.data:
+            node.state.free_keys([rng.choice(sorted(node.state.data))])
+        elif roll < 0.87:
+            node.state.scheduler_lost()
+    # Drain: everything started ends; nothing is left holding resources.
+    while node.running or node.state.fetching:
+        for key in sorted(node.running):
+            node.finish(key)
+        for key in sorted(node.state.fetching):
+            node.fetched(key)
+    assert node.state.running == 0
+    assert all(abs(used) < 1e-9 for used in node.state.ledger.used.values())
+    assert node.state.ready == [] or all(
+        not node.state.ledger.fits_now(t.shape) for t in node.state.ready
+    )

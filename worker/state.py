@@ -1,0 +1,425 @@
+"""The worker's state machine: events in, instructions out; no I/O, no threads.
+
+Events are the scheduler's messages (``compute``, ``cancel``, ``free-keys``,
+``acquire-data``), the outcomes of fetches from peers, the end of a run, and the loss of
+the scheduler. Each event method changes state and returns the instructions that the
+process edge (``worker/server.py``) carries out:
+
+- ``Execute(task)``: run the task in a thread (its resources are already taken);
+- ``Send(message)``: a message for the scheduler;
+- ``TellClients(clients, message)``: tell clients connected here of a result directly;
+- ``Fetch(key, holders)``: get a result from the peers holding it, then call
+  ``fetched`` or ``fetch_failed``.
+
+Resource accounting: a task's resources are taken from the local ledger when it starts
+(``Execute``) and given back when its run ends (``free_run``), whatever the
+scheduler sent; so the worker never runs more than it declared. A task starts only when
+a thread is free and its resources fit; among the ready tasks the most urgent starts.
+
+Data: every result held here (computed, or fetched for a task as its input, or copied
+for a retiring peer) is known to the scheduler as held here, and stays until the
+scheduler frees it (``free-keys``); a key freed while a task here still needs it goes
+once that need ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple
+
+from apportion.worker.local_resources import LocalResources
+from apportion.worker.output import Capture, add_run_report
+
+from apportion.resources import Shape, format_resources, to_shape
+from apportion.serialize import dumps_exception
+
+Message = dict[str, Any]
+
+# fetching: waits for inputs from peers; ready: waits for a thread and its resources;
+# running: in a thread; cancelled: still in its thread, its result is dropped at the end.
+TaskStatus = Literal["fetching", "ready", "running", "cancelled"]
+
+
+class WorkerTask:
+    __slots__ = (
+        "args",
+        "deps",
+        "epoch",
+        "fetched",
+        "func",
+        "key",
+        "missing",
+        "notify",
+        "output",
+        "priority",
+        "run_id",
+        "shape",
+        "start",
+        "status",
+        "stop",
+        "units",
+    )
+
+    def __init__(self, message: Message, epoch: int) -> None:
+        self.key: str = message["key"]
+        self.run_id: int = message["run_id"]
+        self.func: bytes = message["func"]
+        self.args: bytes = message["args"]
+        # Each input's key -> the workers holding it (as the scheduler knew when sending).
+        self.deps: dict[str, list[str]] = message.get("deps") or {}
+        self.shape: Shape = to_shape(message.get("resources"))
+        self.priority: int = message.get("priority", 0)
+        # Clients waiting for the result: told directly when connected here.
+        self.notify: list[str] = message.get("notify") or []
+        self.status: TaskStatus = "fetching"
+        self.units: dict[str, list[int]] = {}
+        # Inputs still on their way from peers.
+        self.missing: set[str] = set()
+        # The scheduler connection it came from (see WorkerState.scheduler_lost).
+        self.epoch = epoch
+        # For the run's report (dashboard, metrics, the client's output; worker/output.py):
+        # inputs fetched from peers, when it ran (wall clock, set by its thread) and what it
+        # printed (a Capture while it runs, then the captured chunks).
+        self.fetched = 0
+        self.start = self.stop = 0.0
+        self.output: Capture | list[list[str]] | None = None
+
+    def __repr__(self) -> str:
+        return f"<WorkerTask {self.key!r} run {self.run_id} {self.status}>"
+
+
+class Execute(NamedTuple):
+    """Run ``task`` in a thread (its resources are taken)."""
+
+    task: WorkerTask
+
+
+class Send(NamedTuple):
+    """A message for the scheduler."""
+
+    message: Message
+
+
+class TellClients(NamedTuple):
+    """Tell ``clients`` of a finished result (``message`` is the scheduler's copy: the
+    edge names the clients it reached in its ``notified`` field before sending it)."""
+
+    clients: list[str]
+    message: Message
+
+
+class Fetch(NamedTuple):
+    """Get ``key`` from the first of ``holders`` that has it, then report the outcome
+    with ``epoch`` (``fetched`` or ``fetch_failed``)."""
+
+    key: str
+    holders: list[str]
+    epoch: int
+
+
+Instruction = Execute | Send | TellClients | Fetch
+
+
+class _Fetching:
+    """One result on its way from peers: the tasks waiting for it, and whether the
+    scheduler asked for a copy of it (``acquire-data``)."""
+
+    __slots__ = ("acquire", "holders", "waiting")
+
+    def __init__(self, holders: list[str]) -> None:
+        self.holders = holders
+        self.waiting: list[WorkerTask] = []
+        self.acquire = False
+
+
+class WorkerState:
+    def __init__(
+        self,
+        nthreads: int,
+        resources: dict[str, float],
+        name: str = "",
+        inline_limit: int = 64 * 1024,
+    ) -> None:
+        self.nthreads = nthreads
+        self.resources = dict(resources)
+        self.name = name
+        self.inline_limit = inline_limit
+        self.ledger = LocalResources(self.resources)
+        # Bumped when the scheduler is lost: what came from an earlier connection is stale.
+        self.epoch = 0
+        self.tasks: dict[int, WorkerTask] = {}
+        self.ready: list[WorkerTask] = []
+        self.running = 0
+        self.data: dict[str, Any] = {}
+        # Key -> the tasks here (not yet ended) that take it as an input.
+        self.needed: dict[str, int] = {}
+        # Keys the scheduler freed while a task here still needed them: gone when it ends.
+        self.doomed: set[str] = set()
+        self.fetching: dict[str, _Fetching] = {}
+
+    # ------------------------------------------------------------ scheduler events
+    def compute(self, message: Message) -> list[Instruction]:
+        task = WorkerTask(message, self.epoch)
+        if not self.ledger.can_ever_fit(task.shape):
+            problem = ValueError(
+                f"task {task.key!r} needs {format_resources(dict(task.shape))}, more than "
+                f"worker {self.name} declared ({format_resources(self.resources)})"
+            )
+            return [Send(erred_message(task, *dumps_exception(problem)))]
+        self.tasks[task.run_id] = task
+        if not task.deps:
+            task.status = "ready"
+            self.ready.append(task)
+            return self._start()
+        instructions: list[Instruction] = []
+        needed, data = self.needed, self.data
+        for key, holders in task.deps.items():
+            needed[key] = needed.get(key, 0) + 1
+            if key in data:
+                continue
+            task.missing.add(key)
+            pending = self.fetching.get(key)
+            if pending is None:
+                pending = self.fetching[key] = _Fetching(holders)
+                instructions.append(Fetch(key, holders, self.epoch))
+            pending.waiting.append(task)
+        task.fetched = len(task.missing)
+        if not task.missing:
+            task.status = "ready"
+            self.ready.append(task)
+            return self._start()
+        return instructions
+
+    def cancel(self, run_id: int) -> list[Instruction]:
+        task = self.tasks.get(run_id)
+        if task is None:
+            return []
+        if task.status in ("running", "cancelled"):
+            task.status = "cancelled"  # a thread cannot be interrupted: reported when it ends
+            return []
+        self._drop(task)
+        return [Send({"op": "task-released", "key": task.key, "run_id": run_id})]
+
+    def free_keys(self, keys: list[str]) -> None:
+        for key in keys:
+            if key in self.needed:
+                self.doomed.add(key)
+            else:
+                self.data.pop(key, None)
+
+    def acquire(self, key: str, holders: list[str]) -> list[Instruction]:
+        """Keep a copy of a result held elsewhere (its holder is being retired)."""
+        if key in self.data:
+            return [Send({"op": "data-acquired", "key": key})]
+        pending = self.fetching.get(key)
+        if pending is not None:
+            pending.acquire = True
+            return []
+        pending = self.fetching[key] = _Fetching(holders)
+        pending.acquire = True
+        return [Fetch(key, holders, self.epoch)]
+
+    def scheduler_lost(self) -> None:
+        """A new scheduler knows none of our runs or data: forget them all.
+
+        Running threads cannot be stopped: they keep their resources until they end, and
+        their results are dropped then (they belong to an earlier epoch).
+        """
+        self.epoch += 1
+        self.data.clear()
+        self.needed.clear()
+        self.doomed.clear()
+        self.fetching.clear()
+        self.ready.clear()
+        for task in self.tasks.values():
+            if task.status == "running":
+                task.status = "cancelled"
+        self.tasks.clear()
+
+    # ----------------------------------------------------------------- fetches
+    def fetched(self, key: str, value: Any, epoch: int) -> list[Instruction]:
+        """A peer sent ``key``: it is held here from now on, and the scheduler hears so."""
+        pending = self.fetching.get(key)
+        if epoch != self.epoch or pending is None:
+            return []
+        del self.fetching[key]
+        self.data[key] = value
+        # The scheduler counts this copy too (a replica): when the original holder dies
+        # this one is used instead of recomputing.
+        instructions: list[Instruction] = [
+            Send({"op": "data-acquired", "key": key, "replica": not pending.acquire})
+        ]
+        started = False
+        for task in pending.waiting:
+            task.missing.discard(key)
+            if not task.missing and task.status == "fetching":
+                task.status = "ready"
+                self.ready.append(task)
+                started = True
+        if started:
+            instructions.extend(self._start())
+        return instructions
+
+    def fetch_failed(self, key: str, epoch: int, reason: str) -> list[Instruction]:
+        """No holder of ``key`` answered: the tasks waiting for it go back to the scheduler."""
+        pending = self.fetching.get(key)
+        if epoch != self.epoch or pending is None:
+            return []
+        del self.fetching[key]
+        instructions: list[Instruction] = []
+        if pending.acquire:
+            instructions.append(Send({"op": "acquire-failed", "key": key, "reason": reason}))
+        for task in pending.waiting:
+            if self.tasks.get(task.run_id) is not task:
+                continue  # cancelled meanwhile
+            self._drop(task)
+            # Only this input is known missing: others may still be on their way.
+            missing = {key: task.deps[key]}
+            instructions.append(
+                Send(
+                    {
+                        "op": "missing-deps",
+                        "key": task.key,
+                        "run_id": task.run_id,
+                        "missing": missing,
+                    }
+                )
+            )
+        return instructions
+
+    # --------------------------------------------------------------------- runs
+    def report_run(
+        self,
+        task: WorkerTask,
+        ok: bool,
+        value: Any,
+        payload: bytes,
+        traceback: str = "",
+        busy: bool = False,
+    ) -> list[Instruction]:
+        """What to tell of a run that ended: ``value`` and its pickled ``payload`` when
+        ``ok``, else the pickled exception and its ``traceback``. Its thread and resources
+        stay taken until ``free_run``, so that a task thread can send the report first (the
+        scheduler's next task for this worker is on its way sooner). ``busy``: more work is
+        already on its way to a thread (no direct client notice)."""
+        if self.tasks.get(task.run_id) is task:
+            del self.tasks[task.run_id]  # a cancel from now on crosses the report
+        if task.epoch != self.epoch:
+            return []  # a run the current scheduler never heard of
+        if task.status == "cancelled":
+            return [Send({"op": "task-released", "key": task.key, "run_id": task.run_id})]
+        if not ok:
+            return [Send(erred_message(task, payload, traceback))]
+        # Stored before the scheduler hears of it: a peer may ask for it at once.
+        self.data[task.key] = value
+        message = self.finished_message(task, payload)
+        if task.notify and not busy and not self.ready:
+            # About to go idle: someone likely waits on this very result. (Busy workers
+            # leave it to the scheduler, which batches for clients.)
+            return [TellClients(task.notify, message), Send(message)]
+        return [Send(message)]
+
+    def free_run(self, task: WorkerTask) -> list[Instruction]:
+        """Give back a reported run's thread and resources; start what can start now."""
+        self.running -= 1
+        self.ledger.release(task.shape, task.units)
+        self._unneed(task)
+        return self._start()
+
+    def finished_message(self, task: WorkerTask, payload: bytes) -> Message:
+        message: Message = {
+            "op": "task-finished",
+            "key": task.key,
+            "run_id": task.run_id,
+            "nbytes": len(payload),
+        }
+        if len(payload) <= self.inline_limit:
+            message["data"] = payload
+        return with_run_report(message, task)
+
+    # ---------------------------------------------------------------- internals
+    def _start(self) -> list[Instruction]:
+        """Start the most urgent ready tasks that fit, while threads are free."""
+        started: list[Instruction] = []
+        ready, ledger = self.ready, self.ledger
+        while ready and self.running < self.nthreads:
+            best: WorkerTask | None = None
+            for task in ready:
+                if (best is None or task.priority > best.priority) and ledger.fits_now(task.shape):
+                    best = task
+            if best is None:
+                break
+            ready.remove(best)
+            best.units = ledger.acquire(best.shape)
+            best.status = "running"
+            self.running += 1
+            started.append(Execute(best))
+        return started
+
+    def _drop(self, task: WorkerTask) -> None:
+        """Forget a task that never started (cancelled, or its inputs were not found)."""
+        del self.tasks[task.run_id]
+        if task.status == "ready":
+            self.ready.remove(task)
+        for key in task.missing:
+            pending = self.fetching.get(key)
+            if pending is not None and task in pending.waiting:
+                pending.waiting.remove(task)
+        self._unneed(task)
+
+    def _unneed(self, task: WorkerTask) -> None:
+        needed = self.needed
+        for key in task.deps:
+            left = needed.get(key, 0) - 1
+            if left > 0:
+                needed[key] = left
+                continue
+            needed.pop(key, None)
+            if key in self.doomed:
+                self.doomed.discard(key)
+                self.data.pop(key, None)
+
+    # ------------------------------------------------------------ introspection
+    def check_invariants(self) -> list[str]:
+        """Problems with the books (empty when all is well); used by the tests."""
+        problems = []
+        running = [t for t in self.tasks.values() if t.status == "running"]
+        holding: dict[str, float] = dict.fromkeys(self.resources, 0)
+        if len(running) > self.running:
+            problems.append(f"{len(running)} running tasks > running count {self.running}")
+        if self.running > self.nthreads:
+            problems.append(f"{self.running} runs > {self.nthreads} threads")
+        for task in running:
+            for name, amount in task.shape:
+                holding[name] += amount
+        for name, total in self.resources.items():
+            used = self.ledger.used.get(name, 0)
+            if used > total + 1e-9:
+                problems.append(f"{name} used {used} > total {total}")
+            if used + 1e-9 < holding[name]:
+                problems.append(f"{name} used {used} < held by running tasks {holding[name]}")
+        for task in self.ready:
+            if task.status != "ready" or self.tasks.get(task.run_id) is not task:
+                problems.append(f"ready list holds {task!r}")
+        for key, pending in self.fetching.items():
+            if key in self.data:
+                problems.append(f"fetching {key!r}, which is held")
+            for task in pending.waiting:
+                if key not in task.missing:
+                    problems.append(f"{task!r} waits for {key!r} but does not miss it")
+        return problems
+
+
+def erred_message(task: WorkerTask, exception: bytes, traceback: str) -> Message:
+    message = {
+        "op": "task-erred",
+        "key": task.key,
+        "run_id": task.run_id,
+        "exception": exception,
+        "traceback": traceback,
+    }
+    return with_run_report(message, task)
+
+
+def with_run_report(message: Message, task: WorkerTask) -> Message:
+    captured = task.output if isinstance(task.output, list) else None
+    return add_run_report(message, task.start, task.stop, task.units, task.fetched, captured)
