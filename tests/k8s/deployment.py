@@ -94,6 +94,7 @@ def deploy_operator(k8s_cluster: Cluster) -> Iterator[Deployment]:
             60,
         )
     k8s_cluster.kubectl("apply", "-f", str(CRD_FILE))
+    repository, _, tag = k8s_cluster.image.rpartition(":")
     k8s_cluster.helm(
         "install",
         release,
@@ -102,6 +103,11 @@ def deploy_operator(k8s_cluster: Cluster) -> Iterator[Deployment]:
         system,
         "--set",
         f"watch.namespaces={{{target}}}",
+        # The image of these sources, for the operator and (its default) every cluster's pods.
+        "--set",
+        f"image.repository={repository}",
+        "--set",
+        f"image.tag={tag}",
         "--wait",
         "--timeout",
         "3m",

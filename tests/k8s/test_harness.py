@@ -1,4 +1,6 @@
-"""Self-tests of the local Kubernetes control plane and the process kubelet."""
+"""Self-tests of the local Kubernetes control plane and the test kubelet. Pods run the
+apportion image (it has python and sh) as containers, or as local processes with
+APPORTION_K8S_PODS=processes."""
 
 from __future__ import annotations
 
@@ -19,11 +21,14 @@ pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
 
 GPU_NODES = {"gpu-node-1", "gpu-node-2"}
 POD_TIMEOUT = 120.0
+# What pods of these tests name as their image; apply() puts the cluster's apportion image
+# (the build of these sources) in its place.
+APPORTION_IMAGE = "apportion-under-test"
 
 
 def pod_manifest(name: str, script: str, **spec: Any) -> dict[str, Any]:
-    """A single-container pod running a Python script (the image is ignored)."""
-    container = {"name": "main", "image": "python:3", "command": ["python", "-c", script]}
+    """A single-container pod of the apportion image running a Python script."""
+    container = {"name": "main", "image": APPORTION_IMAGE, "command": ["python", "-c", script]}
     container.update(spec.pop("container", {}))
     return {
         "apiVersion": "v1",
@@ -33,8 +38,29 @@ def pod_manifest(name: str, script: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+def with_image(obj: dict[str, Any], image: str) -> dict[str, Any]:
+    """obj (a Pod or a Deployment) with APPORTION_IMAGE replaced by image."""
+    pod_spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
+    if obj["kind"] in ("Pod", "Deployment"):
+        for container in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]:
+            if container.get("image") == APPORTION_IMAGE:
+                container["image"] = image
+    return obj
+
+
+def with_shared_workdir(pod: dict[str, Any]) -> dict[str, Any]:
+    """pod with an emptyDir as every container's working directory: what one container (or
+    an earlier run of it) writes there, the others (and the next run) see. As processes,
+    where /work does not exist, every container works in the pod's folder instead."""
+    pod["spec"]["volumes"] = [{"name": "work", "emptyDir": {}}]
+    for container in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]:
+        container["workingDir"] = "/work"
+        container["volumeMounts"] = [{"name": "work", "mountPath": "/work"}]
+    return pod
+
+
 def apply(cluster: Cluster, namespace: str, *objects: dict[str, Any]) -> None:
-    cluster.apply(*objects, namespace=namespace)
+    cluster.apply(*(with_image(o, cluster.image) for o in objects), namespace=namespace)
 
 
 def condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -127,7 +153,7 @@ def test_deployment_pods_run_and_are_garbage_collected(
                     "containers": [
                         {
                             "name": "main",
-                            "image": "python:3",
+                            "image": APPORTION_IMAGE,
                             "command": ["python", "-c", "import time; time.sleep(3600)"],
                         }
                     ]
@@ -304,7 +330,7 @@ def test_service_name_resolves_once_a_backing_pod_is_ready(
 def test_on_failure_pods_restart_until_they_succeed(
     k8s_cluster: Cluster, k8s_namespace: str
 ) -> None:
-    # The pod's folder (its working directory) survives restarts: count attempts there.
+    # The pod's emptyDir (its working directory) survives restarts: count attempts there.
     script = textwrap.dedent("""
         import pathlib, sys
         counter = pathlib.Path("attempts")
@@ -313,7 +339,8 @@ def test_on_failure_pods_restart_until_they_succeed(
         print("attempt", n)
         sys.exit(0 if n == 3 else 1)
     """)
-    apply(k8s_cluster, k8s_namespace, pod_manifest("retry", script, restartPolicy="OnFailure"))
+    pod = with_shared_workdir(pod_manifest("retry", script, restartPolicy="OnFailure"))
+    apply(k8s_cluster, k8s_namespace, pod)
     done = k8s_cluster.wait_pod_phase("retry", ("Succeeded", "Failed"), k8s_namespace)
     status = done["status"]["containerStatuses"][0]
     assert (done["status"]["phase"], status["restartCount"]) == ("Succeeded", 2)
@@ -328,11 +355,11 @@ def test_on_failure_pods_restart_until_they_succeed(
 def test_init_containers_run_first_in_order(k8s_cluster: Cluster, k8s_namespace: str) -> None:
     def step(name: str, text: str) -> dict[str, Any]:
         code = f"open('steps', 'a').write({text!r})"
-        return {"name": name, "image": "x", "command": ["python", "-c", code]}
+        return {"name": name, "image": APPORTION_IMAGE, "command": ["python", "-c", code]}
 
     pod = pod_manifest("initialised", "print(open('steps').read())")
     pod["spec"]["initContainers"] = [step("one", "1"), step("two", "2")]
-    apply(k8s_cluster, k8s_namespace, pod)
+    apply(k8s_cluster, k8s_namespace, with_shared_workdir(pod))
     done = k8s_cluster.wait_pod_phase("initialised", ("Succeeded", "Failed"), k8s_namespace)
     assert done["status"]["phase"] == "Succeeded"
     assert [
@@ -343,9 +370,10 @@ def test_init_containers_run_first_in_order(k8s_cluster: Cluster, k8s_namespace:
 
 def test_a_failed_init_container_fails_the_pod(k8s_cluster: Cluster, k8s_namespace: str) -> None:
     pod = pod_manifest("bad-init", "print('main ran')")
+    container = pod["spec"]["containers"][0]
     pod["spec"]["initContainers"] = [
-        {"name": "breaks", "image": "x", "command": ["python", "-c", "raise SystemExit(4)"]},
-        {"name": "never", "image": "x", "command": ["python", "-c", "print('second ran')"]},
+        {**container, "name": "breaks", "command": ["python", "-c", "raise SystemExit(4)"]},
+        {**container, "name": "never", "command": ["python", "-c", "print('second ran')"]},
     ]
     apply(k8s_cluster, k8s_namespace, pod)
     done = k8s_cluster.wait_pod_phase("bad-init", ("Succeeded", "Failed"), k8s_namespace)
