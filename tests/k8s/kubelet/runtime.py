@@ -88,21 +88,11 @@ class Runtime(Protocol):
 
 # ----- Kubernetes quantities and security contexts (pure) ------------------------------------
 
-_SUFFIXES = {
-    "": 1,
+_SUFFIXES: dict[str, Decimal] = {
+    "": Decimal(1),
     "m": Decimal("0.001"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
+    **{suffix: Decimal(10) ** (3 * n) for n, suffix in enumerate("kMGTPE", 1)},
+    **{f"{suffix}i": Decimal(2) ** (10 * n) for n, suffix in enumerate("KMGTPE", 1)},
 }
 _QUANTITY = re.compile(r"([0-9.eE+-]+?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 
@@ -277,13 +267,16 @@ def remove_containers(pods_dir: Path) -> None:
     """Removes every container a test kubelet started for the cluster of pods_dir."""
     if shutil.which("podman") is None:
         return
-    run = {"env": podman_env(), "capture_output": True, "text": True, "timeout": 120}
-    found = subprocess.run(
-        ["podman", "ps", "-aq", "--filter", f"label={POD_DIR_LABEL}={pods_dir}"], **run
-    )
-    ids = found.stdout.split()
+
+    def podman(*args: str) -> str:
+        done = subprocess.run(
+            ["podman", *args], env=podman_env(), capture_output=True, text=True, timeout=120
+        )
+        return done.stdout
+
+    ids = podman("ps", "-aq", "--filter", f"label={POD_DIR_LABEL}={pods_dir}").split()
     if ids:
-        subprocess.run(["podman", "rm", "--force", "--ignore", "--time", "0", *ids], **run)
+        podman("rm", "--force", "--ignore", "--time", "0", *ids)
 
 
 class ProcessRuntime:
