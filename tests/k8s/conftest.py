@@ -47,7 +47,11 @@ def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         cluster = Cluster.start(tmp_path_factory.mktemp("k8s"))
     except (paths.BinariesMissing, paths.ImageMissing) as err:
-        pytest.fail(str(err), pytrace=False)
+        missing = str(err)
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
     try:
         yield cluster
     finally:

@@ -41,12 +41,13 @@ def pod_manifest(name: str, script: str, **spec: Any) -> dict[str, Any]:
 
 
 def with_image(obj: dict[str, Any], image: str) -> dict[str, Any]:
-    """obj (a Pod or a Deployment) with APPORTION_IMAGE replaced by image."""
+    """obj with APPORTION_IMAGE replaced by image, where it is a Pod or a Deployment."""
+    if obj["kind"] not in ("Pod", "Deployment"):
+        return obj
     pod_spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
-    if obj["kind"] in ("Pod", "Deployment"):
-        for container in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]:
-            if container.get("image") == APPORTION_IMAGE:
-                container["image"] = image
+    for container in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]:
+        if container.get("image") == APPORTION_IMAGE:
+            container["image"] = image
     return obj
 
 
