@@ -151,6 +151,35 @@ def test_a_pod_runs_in_a_container_of_the_built_image(
     assert "apportion:x:10001:10001" in seen["passwd"]
 
 
+def test_a_container_podman_cannot_run_waits_and_is_retried(
+    containers_only: Cluster, k8s_namespace: str
+) -> None:
+    """As the kubelet's RunContainerError: no exit code, no restart counted, the pod stays
+    Pending (restartPolicy Never does not make it Failed)."""
+    ns = k8s_namespace
+    bad = pod_manifest(
+        "uncreatable",
+        "print('never')",
+        container={"securityContext": {"capabilities": {"add": ["NOT_A_CAPABILITY"]}}},
+    )
+    apply(containers_only, ns, bad)
+    waiting = containers_only.wait_pod(
+        "uncreatable",
+        lambda p: (
+            p["status"]
+            .get("containerStatuses", [{}])[0]
+            .get("state", {})
+            .get("waiting", {})
+            .get("reason")
+            == "RunContainerError"
+        ),
+        "waiting with RunContainerError",
+        ns,
+    )
+    assert waiting["status"]["phase"] == "Pending"
+    assert waiting["status"]["containerStatuses"][0]["restartCount"] == 0
+
+
 def test_operator_scheduler_and_workers_run_in_containers_of_the_built_image(
     containers_only: Cluster,
 ) -> None:

@@ -209,6 +209,13 @@ class PodRunner(threading.Thread):
         code = c.proc.poll()
         if code is None:
             return
+        if self.ctx.runtime.failed_to_start(code):
+            # Like RunContainerError: the container never ran (the runtime's own failure,
+            # e.g. a storage lock under load): no exit to report, try again shortly.
+            self._reaped(c, code)
+            c.state = {"waiting": {"reason": "RunContainerError", "message": f"exit {code}"}}
+            c.restart_at = time.monotonic() + 2.0
+            return
         self._reaped(c, code)
         restart = self.restart_policy == "Always" and not c.init
         restart = restart or (self.restart_policy != "Never" and code != 0)

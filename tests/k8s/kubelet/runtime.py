@@ -36,6 +36,9 @@ CONTAINERS_CONF = Path(__file__).resolve().parent.parent / "image" / "containers
 # this long, or a loaded host would fail healthy containers' probes.
 MIN_EXEC_PROBE_TIMEOUT_S = 10.0
 PODMAN_TIMEOUT_S = 60.0
+# `podman run`'s exit code when podman itself failed (the container never ran); 126 and 127
+# (the command could not be run) are reported as the container's exit, as a shell would.
+PODMAN_RUN_ERROR = 125
 
 
 class ImageMissing(RuntimeError):
@@ -84,6 +87,7 @@ class Runtime(Protocol):
     def exec_argv(self, name: str, hosts: Path, token_dir: Path | None) -> list[str]: ...
     def exec_env(self, pod_env: dict[str, str]) -> dict[str, str]: ...
     def exec_timeout(self, seconds: float) -> float: ...
+    def failed_to_start(self, exit_code: int) -> bool: ...
 
 
 # ----- Kubernetes quantities and security contexts (pure) ------------------------------------
@@ -256,6 +260,9 @@ class PodmanRuntime:
     def exec_timeout(self, seconds: float) -> float:
         return max(seconds, MIN_EXEC_PROBE_TIMEOUT_S)
 
+    def failed_to_start(self, exit_code: int) -> bool:
+        return exit_code == PODMAN_RUN_ERROR
+
 
 def podman_env() -> dict[str, str]:
     env = dict(os.environ)
@@ -332,3 +339,6 @@ class ProcessRuntime:
 
     def exec_timeout(self, seconds: float) -> float:
         return seconds
+
+    def failed_to_start(self, exit_code: int) -> bool:
+        return False  # every exit code is the process's own
