@@ -59,7 +59,9 @@ if [ -z "$base" ] && ! $check_only; then
     elif [ "$engine" = podman ] && command -v debootstrap >/dev/null; then
         echo "image: cannot pull $OFFICIAL_BASE ($(tail -n1 "${TMPDIR:-/tmp}/apportion-pull.err"));" \
             "building the Debian stand-in base" >&2
+        start=$(date +%s)
         base="$(bash "$here/base.sh")"
+        echo "image: built the stand-in base $base in $(( $(date +%s) - start )) s" >&2
     else
         echo "image: cannot pull $OFFICIAL_BASE: $(tail -n1 "${TMPDIR:-/tmp}/apportion-pull.err")" >&2
         echo "image: set APPORTION_IMAGE_BASE to a local Python 3.11 image, or install podman" \
