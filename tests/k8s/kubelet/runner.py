@@ -264,7 +264,11 @@ class PodRunner(threading.Thread):
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(err)}}
             c.restart_at = time.monotonic() + 2.0
             return
-        except (OSError, subprocess.SubprocessError) as err:
+        except subprocess.SubprocessError as err:  # the runtime did not answer in time
+            c.state = {"waiting": {"reason": "RunContainerError", "message": str(err)}}
+            c.restart_at = time.monotonic() + 2.0
+            return
+        except OSError as err:
             c.state = {
                 "terminated": {
                     "exitCode": 127,
