@@ -26,6 +26,9 @@ POD_TIMEOUT = 120.0
 # What pods of these tests name as their image; apply() puts the cluster's apportion image
 # (the build of these sources) in its place.
 APPORTION_IMAGE = "apportion-under-test"
+# A path no test machine has: as processes, a workingDir that does not exist means the pod's
+# own folder.
+SHARED_WORKDIR = "/apportion-test-pod-work"
 
 
 def pod_manifest(name: str, script: str, **spec: Any) -> dict[str, Any]:
@@ -54,11 +57,11 @@ def with_image(obj: dict[str, Any], image: str) -> dict[str, Any]:
 def with_shared_workdir(pod: dict[str, Any]) -> dict[str, Any]:
     """pod with an emptyDir as every container's working directory: what one container (or
     an earlier run of it) writes there, the others (and the next run) see. As processes,
-    where /work does not exist, every container works in the pod's folder instead."""
+    where SHARED_WORKDIR does not exist, every container works in the pod's folder instead."""
     pod["spec"]["volumes"] = [{"name": "work", "emptyDir": {}}]
     for container in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]:
-        container["workingDir"] = "/work"
-        container["volumeMounts"] = [{"name": "work", "mountPath": "/work"}]
+        container["workingDir"] = SHARED_WORKDIR
+        container["volumeMounts"] = [{"name": "work", "mountPath": SHARED_WORKDIR}]
     return pod
 
 
