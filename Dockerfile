@@ -3,7 +3,11 @@
 # nothing relies on an entrypoint.
 #
 #   docker build -t apportion:0.1.0 .
-FROM python:3.11-slim
+#
+# BASE_IMAGE exists for machines that cannot pull it (`make image` then builds a Debian
+# stand-in with the same Python); everyone else builds on python:3.11-slim.
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-compiled lint format clean k8s-bin k8s-up test-k8s bench bench-quick profile \
-	system-deps typecheck
+	system-deps typecheck image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## the resources example on a local cluster
 	$(BIN)/apportion demo
 
-test: $(STAMP) k8s-bin system-deps  ## lint, types, the whole test suite (Kubernetes tests included), the compiled build
+test: $(STAMP) k8s-bin system-deps image  ## lint, types, the whole test suite (Kubernetes tests included), the compiled build
 	$(BIN)/ruff check .
 	MYPY=$(BIN)/mypy tools/typecheck.sh
 	$(BIN)/python -m pytest
@@ -28,10 +28,15 @@ system-deps:  ## the system packages the tests need (tests/system-deps/*.sh); no
 k8s-bin:  ## build (or reuse) the test Kubernetes binaries: 6-14 min cold, instant when cached
 	bash tests/k8s/build.sh
 
-k8s-up: $(STAMP) k8s-bin  ## a local Kubernetes cluster with fake GPU nodes, until Ctrl-C
+image:  ## the apportion image (podman, or docker), cached by a hash of its inputs
+	bash tests/k8s/image/build.sh
+
+k8s-up: $(STAMP) k8s-bin image  ## a local Kubernetes cluster with fake GPU nodes, until Ctrl-C
 	$(BIN)/python -m tests.k8s up
 
-test-k8s: $(STAMP) k8s-bin  ## only the Kubernetes tests
+# APPORTION_K8S_PODS=processes runs pods as local processes instead of containers (faster,
+# no image build needed): for inner-loop development.
+test-k8s: $(STAMP) k8s-bin $(if $(filter processes,$(APPORTION_K8S_PODS)),,image)  ## only the Kubernetes tests
 	$(BIN)/python -m pytest -m k8s tests/k8s
 
 typecheck: $(STAMP)  ## mypy over the whole package, laid out as it is imported

@@ -19,23 +19,25 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
-def up(workdir: Path | None) -> int:
-    try:
-        paths.require_binaries()
-    except paths.BinariesMissing as err:
-        print(err, file=sys.stderr)
-        return 2
+def up(workdir: Path | None, pods: str | None) -> int:
     # SIGTERM behaves like Ctrl-C, also while the cluster is still starting.
     signal.signal(signal.SIGTERM, _interrupt)
-    print("starting etcd, kube-apiserver, controller-manager, scheduler, process kubelet...")
+    print("starting etcd, kube-apiserver, controller-manager, scheduler, test kubelet...")
     try:
-        cluster = Cluster.start(workdir)
+        cluster = Cluster.start(workdir, pods)
+    except (paths.BinariesMissing, paths.ImageMissing, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     with cluster:
         version = paths.versions()["KUBE_VERSION"]
         print(f"API server:  {cluster.server}")
         print(f"nodes:       {', '.join(cluster.node_names)}")
+        if cluster.pods == "containers":
+            print(f"pods:        podman containers; the apportion image is {cluster.image}")
+        else:
+            print("pods:        local processes of this Python environment (images ignored)")
         print(f"work dir:    {cluster.workdir} (component logs in logs/, pod logs in pods/)")
         print(f"kubeconfig:  {cluster.kubeconfig}")
         print(f"\n    export KUBECONFIG={cluster.kubeconfig}")
@@ -54,12 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up_cmd = sub.add_parser("up", help="start the local cluster until Ctrl-C")
     up_cmd.add_argument("--workdir", type=Path, help="keep state here (default: a temp dir)")
+    up_cmd.add_argument(
+        "--pods",
+        choices=paths.POD_MODES,
+        help=f"run pods as podman containers or as local processes (default: ${paths.PODS_ENV}, "
+        "else containers)",
+    )
     sub.add_parser("bin-dir", help="print the folder of the built binaries")
     args = parser.parse_args(argv)
     if args.command == "bin-dir":
         print(paths.bin_dir())
         return 0
-    return up(args.workdir)
+    return up(args.workdir, args.pods)
 
 
 if __name__ == "__main__":

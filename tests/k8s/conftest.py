@@ -1,12 +1,13 @@
 """Pytest fixtures for the local Kubernetes control plane.
 
 `k8s_cluster` (session): a running Cluster (see controlplane.py): .kubeconfig, .server,
+.pods ("containers" or "processes", from APPORTION_K8S_PODS), .image (what pods should run),
 .node_names, .kubectl(...), .helm(...), .client (REST), .pod_node(name, ns),
 .pod_log_path(name, ns) / .pod_log(name, ns), .wait_pod_phase(name, phases, ns), .env().
 `k8s_namespace` (function): a fresh namespace, ready for pods, deleted afterwards.
 
-Set APPORTION_SKIP_K8S=1 to skip every `k8s` test; without it, missing binaries fail the
-tests with the command that builds them.
+Set APPORTION_SKIP_K8S=1 to skip every `k8s` test; without it, missing binaries (or, for
+pods in containers, a missing image) fail the tests with the command that builds them.
 """
 
 from __future__ import annotations
@@ -43,10 +44,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if _skip_k8s():
         pytest.skip("APPORTION_SKIP_K8S is set")
-    missing = paths.missing_binaries_message()
+    try:
+        cluster = Cluster.start(tmp_path_factory.mktemp("k8s"))
+    except (paths.BinariesMissing, paths.ImageMissing) as err:
+        missing = str(err)
+    else:
+        missing = ""
     if missing:
         pytest.fail(missing, pytrace=False)
-    cluster = Cluster.start(tmp_path_factory.mktemp("k8s"))
     try:
         yield cluster
     finally:

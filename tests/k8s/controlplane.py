@@ -1,5 +1,7 @@
 """Starts and stops the local control plane: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler and the process kubelet, all on 127.0.0.1 with free ports."""
+kube-scheduler and the test kubelet, all on 127.0.0.1 with free ports. The kubelet runs pods
+as podman containers of their images (`image` is the one built from these sources) or, with
+APPORTION_K8S_PODS=processes, as local processes."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import yaml
 from . import certs, paths, procs
 from .api import Client, Credentials
 from .kubelet.nodes import NODES
+from .kubelet.runtime import remove_containers
 
 STARTUP_TIMEOUT = 180.0
 
@@ -37,6 +40,8 @@ class Cluster:
     kubeconfig: Path
     server: str
     client: Client
+    pods: str = "containers"  # how the kubelet runs pods: "containers" or "processes"
+    image: str = "apportion:0.1.0"  # the apportion image pods should name
     node_names: tuple[str, ...] = tuple(NODES)
     _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     _own_workdir: bool = False
@@ -44,8 +49,13 @@ class Cluster:
     # ----- start / stop -------------------------------------------------------------------
 
     @classmethod
-    def start(cls, workdir: Path | None = None) -> Cluster:
+    def start(cls, workdir: Path | None = None, pods: str | None = None) -> Cluster:
+        """pods: "containers" or "processes" (default: $APPORTION_K8S_PODS, else containers).
+        Raises paths.BinariesMissing / paths.ImageMissing naming what to build."""
         bin_dir = paths.require_binaries()
+        pods = pods or paths.pods_mode()
+        # In processes mode the image is never run: any name does.
+        image = paths.image_ref() if pods == "containers" else "apportion:0.1.0"
         own = workdir is None
         workdir = Path(tempfile.mkdtemp(prefix="apportion-k8s-")) if workdir is None else workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -61,6 +71,8 @@ class Cluster:
             kubeconfig=kubeconfig,
             server=server,
             client=Client(Credentials.from_kubeconfig(kubeconfig)),
+            pods=pods,
+            image=image,
             _own_workdir=own,
         )
         try:
@@ -220,12 +232,14 @@ class Cluster:
                 f"--serving-key={pki.kubelet_serving.key}",
                 f"--client-ca={pki.ca.cert}",
                 f"--port={procs.free_port()}",
+                f"--pods={self.pods}",
             ],
         )
 
     def stop(self) -> None:
         """Stops every process this cluster started, newest first, then any pod process
-        a dead kubelet may have left behind (their PIDs are recorded under pods/)."""
+        a dead kubelet may have left behind (their PIDs are recorded under pods/) and any
+        container (labelled with this cluster's pods folder)."""
         for _name, proc in reversed(self._procs):
             procs.stop(proc, grace=15.0)
         self._procs.clear()
@@ -234,6 +248,8 @@ class Cluster:
                 procs.stop(int(pid_file.read_text()), grace=0.0)
             except ValueError:
                 pass
+        if self.pods == "containers":
+            remove_containers(self.pods_dir)
         if self._own_workdir and not os.environ.get("APPORTION_K8S_KEEP"):
             shutil.rmtree(self.workdir, ignore_errors=True)
 

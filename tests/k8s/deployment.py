@@ -6,6 +6,7 @@ and removes everything it made afterwards.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterator
@@ -86,14 +87,12 @@ def deploy_operator(k8s_cluster: Cluster) -> Iterator[Deployment]:
     system, target, release = f"apportion-system-{suffix}", f"pipelines-{suffix}", f"op-{suffix}"
     for namespace in (system, target):
         k8s_cluster.kubectl("create", "namespace", namespace)
+        account = f"/api/v1/namespaces/{namespace}/serviceaccounts/default"
         k8s_cluster.wait_for(
-            lambda ns=namespace: k8s_cluster.client.get_or_none(
-                f"/api/v1/namespaces/{ns}/serviceaccounts/default"
-            ),
-            f"{namespace} ready",
-            60,
+            functools.partial(k8s_cluster.client.get_or_none, account), f"{namespace} ready", 60
         )
     k8s_cluster.kubectl("apply", "-f", str(CRD_FILE))
+    repository, _, tag = k8s_cluster.image.rpartition(":")
     k8s_cluster.helm(
         "install",
         release,
@@ -102,6 +101,11 @@ def deploy_operator(k8s_cluster: Cluster) -> Iterator[Deployment]:
         system,
         "--set",
         f"watch.namespaces={{{target}}}",
+        # The image of these sources, for the operator and (its default) every cluster's pods.
+        "--set",
+        f"image.repository={repository}",
+        "--set",
+        f"image.tag={tag}",
         "--wait",
         "--timeout",
         "3m",

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
+IMAGE_SCRIPT = HERE / "image" / "build.sh"
+# How the test kubelet runs pods: "containers" (podman containers of the built image, the
+# default) or "processes" (local processes of the test venv; faster, for the inner loop).
+PODS_ENV = "APPORTION_K8S_PODS"
+POD_MODES = ("containers", "processes")
 BINARIES = (
     "etcd",
     "kube-apiserver",
@@ -62,3 +68,28 @@ def missing_binaries_message() -> str | None:
     except BinariesMissing as err:
         return str(err)
     return None
+
+
+def pods_mode() -> str:
+    mode = os.environ.get(PODS_ENV) or "containers"
+    if mode not in POD_MODES:
+        raise ValueError(f"{PODS_ENV}={mode!r}: expected one of {', '.join(POD_MODES)}")
+    return mode
+
+
+class ImageMissing(RuntimeError):
+    pass
+
+
+def image_ref() -> str:
+    """The reference of the image built from the current sources (`make image`), or
+    ImageMissing saying what to run."""
+    done = subprocess.run(
+        ["bash", str(IMAGE_SCRIPT), "--check"], capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        raise ImageMissing(
+            f"{done.stderr.strip()} (or set {PODS_ENV}=processes to run pods as local "
+            "processes, ignoring images)"
+        )
+    return done.stdout.strip().splitlines()[-1]

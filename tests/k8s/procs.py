@@ -87,6 +87,20 @@ def group_members(pgid: int) -> list[int]:
     return [pid for pid in pids if (f := _stat(pid)) and f[0] != "Z" and f[2] == str(pgid)]
 
 
+def tree(pid: int) -> list[int]:
+    """pid and its live descendants."""
+    children: dict[str, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (f := _stat(int(entry.name))) and f[0] != "Z":
+            children.setdefault(f[1], []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(str(current), []))
+    return [p for p in found if running(p)]
+
+
 def signal_group(pid: int, sig: int) -> None:
     """Signals the process group led by pid: every process we start leads its own group,
     so this also reaches whatever it forked."""

@@ -1,7 +1,9 @@
-"""The process kubelet: `python -m tests.k8s.kubelet --kubeconfig ... --pods-dir ...`.
+"""The test kubelet: `python -m tests.k8s.kubelet --kubeconfig ... --pods-dir ...`.
 
 It registers the fake nodes, keeps them Ready, watches every pod bound to them and runs
-each one through a PodRunner. On SIGTERM/SIGINT it kills all pod processes and exits.
+each one through a PodRunner, its containers as podman containers of their images
+(`--pods containers`, the default) or as local processes (`--pods processes`). On
+SIGTERM/SIGINT it stops every pod's containers and exits.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..api import ApiError, Client, Credentials
 from . import dns, server, serviceaccount
 from .nodes import NODE_IP, NODES, NodeKeeper
 from .runner import PodRunner
+from .runtime import PodmanRuntime, ProcessRuntime, Runtime
 from .serviceaccount import ApiForwarder, TokenVolume
 
 log = logging.getLogger("kubelet")
@@ -75,7 +78,13 @@ def unshare_args() -> list[str] | None:
 
 class Kubelet:
     def __init__(
-        self, client: Client, pods_dir: Path, api_port: int, ip_octet: int, ca: Path
+        self,
+        client: Client,
+        pods_dir: Path,
+        api_port: int,
+        ip_octet: int,
+        ca: Path,
+        containers: bool = True,
     ) -> None:
         self.client = client
         self.pods_dir = pods_dir
@@ -89,24 +98,35 @@ class Kubelet:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self._ips = (f"127.{ip_octet}.{n // 250}.{n % 250 + 2}" for n in itertools.count())
-        self.unshare = unshare_args()
-        self.private_hosts = self.unshare is not None
-        if self.unshare is None:
-            log.warning(
-                "cannot unshare a mount namespace: Service names will not resolve and pods "
-                "get no service-account token"
-            )
-        self.sa_mounts = self.unshare is not None and serviceaccount.prepare_mount_point()
-        # The current Python environment's bin dir first, so `python` and `apportion`
-        # resolve to the test virtualenv.
+        self.runtime: Runtime
+        if containers:
+            # Each container gets the pod's hosts file and token folder as bind mounts.
+            self.runtime = PodmanRuntime(pods_dir)
+            self.private_hosts = self.sa_mounts = True
+        else:
+            unshare = unshare_args()
+            self.runtime = ProcessRuntime(unshare)
+            self.private_hosts = unshare is not None
+            if unshare is None:
+                log.warning(
+                    "cannot unshare a mount namespace: Service names will not resolve and "
+                    "pods get no service-account token"
+                )
+            self.sa_mounts = unshare is not None and serviceaccount.prepare_mount_point()
+        # Processes: the current Python environment's bin dir first, so `python` and
+        # `apportion` resolve to the test virtualenv.
         self.path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
 
     # ----- the Context a PodRunner uses -------------------------------------------------
 
     def base_env(self, pod: Obj) -> dict[str, str]:
-        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+        """What every container's environment starts with: a container's starts from its
+        image's, a process's from the kubelet's (PATH to the test venv first)."""
+        env: dict[str, str] = {}
+        if self.runtime.mode == "processes":
+            env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+            env["PATH"] = self.path
         env.update(
-            PATH=self.path,
             HOSTNAME=pod["spec"].get("hostname") or pod["metadata"]["name"],
             # Unbuffered output, so pod logs can be read while the pod runs.
             PYTHONUNBUFFERED="1",
@@ -117,23 +137,6 @@ class Kubelet:
             KUBERNETES_PORT=f"tcp://{NODE_IP}:{self.api_port}",
         )
         return env
-
-    def exec_prefix(self, hosts: Path, token_dir: Path | None = None) -> list[str]:
-        if self.unshare is None:
-            return []
-        # A private mount namespace in which the pod's hosts file covers /etc/hosts and its
-        # service-account folder (read-only) the token mount point; `exec` keeps the pod's
-        # command as the process whose PID we track.
-        if token_dir is None:
-            script, args = 'mount --bind "$0" /etc/hosts && exec "$@"', [str(hosts)]
-        else:
-            script = (
-                'mount --bind "$0" /etc/hosts'
-                f' && mount --bind -o ro "$1" {serviceaccount.MOUNT_PATH}'
-                ' && shift && exec "$@"'
-            )
-            args = [str(hosts), str(token_dir)]
-        return ["unshare", *self.unshare, "--", "/bin/sh", "-c", script, *args]
 
     def token_volume(self, pod: Obj, folder: Path) -> TokenVolume | None:
         """The pod's service-account folder, or None where it gets none."""
@@ -252,6 +255,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--serving-key", type=Path, required=True)
     parser.add_argument("--client-ca", type=Path, help="(unused: any client may read logs)")
     parser.add_argument(
+        "--pods",
+        choices=("containers", "processes"),
+        default="containers",
+        help="run containers as podman containers of their images (default) or as local "
+        "processes of the current Python environment, ignoring images",
+    )
+    parser.add_argument(
         "--pod-ip-octet",
         type=int,
         default=0,
@@ -267,7 +277,9 @@ def main(argv: list[str] | None = None) -> None:
     client = Client(creds)
     api_port = urllib.parse.urlsplit(creds.server).port or 443
     octet = args.pod_ip_octet or 10 + args.port % 240
-    kubelet = Kubelet(client, args.pods_dir, api_port, octet, creds.ca)
+    kubelet = Kubelet(
+        client, args.pods_dir, api_port, octet, creds.ca, containers=args.pods == "containers"
+    )
     forwarder = ApiForwarder(kubelet.forwarder_ip, api_port)
     if forwarder.start():
         kubelet.api_ip = forwarder.listen_ip
@@ -282,8 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     for target in (keeper.run, kubelet.watch_pods, kubelet.refresh_dns):
         threading.Thread(target=target, name=target.__name__, daemon=True).start()
     log.info(
-        "process kubelet up: nodes %s, pod IPs 127.%d.x.y, private /etc/hosts: %s, "
+        "test kubelet up: pods as %s, nodes %s, pod IPs 127.%d.x.y, private /etc/hosts: %s, "
         "service-account tokens: %s, kubernetes.default.svc: %s",
+        kubelet.runtime.mode,
         ", ".join(NODES),
         octet,
         kubelet.private_hosts,
@@ -292,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     while not stop.wait(1.0):
         pass
-    log.info("stopping: killing pod processes")
+    log.info("stopping: stopping every pod's containers")
     keeper.stopping.set()
     kubelet.shutdown()
     forwarder.close()

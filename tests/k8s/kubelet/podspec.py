@@ -1,4 +1,4 @@
-"""What a container spec means for a local process: its environment, argv and probes."""
+"""What a container spec means for the test kubelet: its environment, command and probes."""
 
 from __future__ import annotations
 
@@ -98,16 +98,10 @@ def container_env(
     return env
 
 
-def container_argv(container: Obj, env: Mapping[str, str]) -> list[str]:
-    """command + args with $(VAR) expansion. The image is ignored, so a container without
-    a command cannot be run."""
-    command = container.get("command") or []
-    if not command:
-        raise ValueError(
-            f"container {container['name']!r} has no command; the process kubelet ignores "
-            "images, so pod specs must give an explicit command"
-        )
-    return [expand(part, env) for part in [*command, *container.get("args", [])]]
+def container_command(container: Obj, env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """command and args with $(VAR) expansion (either may be empty: the image's own)."""
+    command = [expand(part, env) for part in container.get("command") or []]
+    return command, [expand(part, env) for part in container.get("args") or []]
 
 
 def _port(value: int | str, container: Obj) -> int:
@@ -126,20 +120,24 @@ def probe_ok(
     exec_prefix: list[str],
     env: Mapping[str, str],
     cwd: str,
+    exec_env: Mapping[str, str] | None = None,
+    exec_timeout: float | None = None,
 ) -> bool:
-    """Runs one readiness probe attempt (exec, httpGet or tcpSocket)."""
+    """Runs one probe attempt (exec, httpGet or tcpSocket). An exec probe runs
+    exec_prefix + its command (in exec_env, default env) and gets exec_timeout seconds
+    (default the probe's timeoutSeconds); $(VAR)s in its command expand from env."""
     timeout = float(probe.get("timeoutSeconds", 1))
     try:
         if "exec" in probe:
             argv = [expand(a, env) for a in probe["exec"].get("command", [])]
             done = subprocess.run(
                 [*exec_prefix, *argv],
-                env=dict(env),
+                env=dict(env if exec_env is None else exec_env),
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                timeout=timeout,
+                timeout=timeout if exec_timeout is None else exec_timeout,
             )
             return done.returncode == 0
         if "httpGet" in probe:

@@ -1,5 +1,5 @@
-"""One pod's life on the process kubelet: its containers as local processes, its probes,
-its reported status, and its termination."""
+"""One pod's life on the test kubelet: its containers (podman containers or local processes,
+see runtime.py), its probes, its reported status, and its termination."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Any, Protocol
 from .. import procs
 from ..api import ApiError, Client, pod_path
 from .nodes import NODE_IP, now
-from .podspec import container_argv, container_env, probe_ok
+from .podspec import container_command, container_env, probe_ok
+from .runtime import ImageMissing, Launch, Runtime, Started
 from .serviceaccount import TokenVolume
 
 log = logging.getLogger("kubelet.pod")
@@ -31,9 +32,9 @@ class Context(Protocol):
 
     client: Client
     pods_dir: Path
+    runtime: Runtime
 
     def base_env(self, pod: Obj) -> dict[str, str]: ...
-    def exec_prefix(self, hosts: Path, token_dir: Path | None = None) -> list[str]: ...
     def token_volume(self, pod: Obj, folder: Path) -> TokenVolume | None: ...
     def hosts_content(self, pod: Obj, pod_ip: str) -> str: ...
     def finished(self, runner: PodRunner) -> None: ...
@@ -69,7 +70,8 @@ class Probe:
 class Container:
     spec: Obj
     init: bool = False
-    proc: subprocess.Popen[bytes] | None = None
+    started: Started | None = None
+    name_in_runtime: str = ""  # the current start's container name
     started_mono: float = 0.0
     restarts: int = 0
     restart_at: float = 0.0  # monotonic time of the next (re)start; 0 = now
@@ -83,6 +85,10 @@ class Container:
     @property
     def name(self) -> str:
         return self.spec["name"]
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.started.proc if self.started is not None else None
 
 
 class PodRunner(threading.Thread):
@@ -203,6 +209,13 @@ class PodRunner(threading.Thread):
         code = c.proc.poll()
         if code is None:
             return
+        if self.ctx.runtime.failed_to_start(code):
+            # Like RunContainerError: the container never ran (the runtime's own failure,
+            # e.g. a storage lock under load): no exit to report, try again shortly.
+            self._reaped(c, code)
+            c.state = {"waiting": {"reason": "RunContainerError", "message": f"exit {code}"}}
+            c.restart_at = time.monotonic() + 2.0
+            return
         self._reaped(c, code)
         restart = self.restart_policy == "Always" and not c.init
         restart = restart or (self.restart_policy != "Never" and code != 0)
@@ -222,36 +235,39 @@ class PodRunner(threading.Thread):
             c.state = {"waiting": {"reason": "ContainerCreating", "message": self.token.error()}}
             c.restart_at = time.monotonic() + 1.0
             return
+        runtime = self.ctx.runtime
         try:
             env = container_env(pod, c.spec, self.ctx.base_env(pod), self.ctx.client)
-            argv = container_argv(c.spec, env)
+            command, args = container_command(c.spec, env)
+            self._warn_unmounted(c)
+            launch = Launch(
+                pod=pod,
+                spec=c.spec,
+                name=f"k8s_{c.name}_{self.pod_name}_{self.namespace}_{self.uid[:8]}_{c.restarts}",
+                command=command,
+                args=args,
+                env=env,
+                hosts=self.hosts,
+                token_dir=self._token_dir,
+                pod_dir=self.dir,
+                log=self.dir / f"{c.name}.log",
+            )
+            c.name_in_runtime = launch.name
+            c.started = runtime.start(launch)
+        except ImageMissing as err:
+            # Like ErrImageNeverPull: the image may still be built; look again soon.
+            c.state = {"waiting": {"reason": "ErrImageNeverPull", "message": str(err)}}
+            c.restart_at = time.monotonic() + 5.0
+            return
         except (ValueError, KeyError, ApiError) as err:
             # Like CreateContainerConfigError: keep waiting, retry later.
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(err)}}
             c.restart_at = time.monotonic() + 2.0
             return
-        ignored = [
-            m["mountPath"]
-            for m in c.spec.get("volumeMounts", [])
-            if not m["name"].startswith("kube-api-access-")  # the injected SA token
-        ]
-        if ignored and c.restarts == 0:
-            log.warning(
-                "pod %s/%s: %s: volumes are not mounted by the process kubelet: %s",
-                self.namespace,
-                self.pod_name,
-                c.name,
-                ", ".join(ignored),
-            )
-        cwd = c.spec.get("workingDir")
-        cwd = cwd if cwd and Path(cwd).is_dir() else str(self.dir)
-        try:
-            c.proc = procs.start(
-                [*self.ctx.exec_prefix(self.hosts, self._token_dir), *argv],
-                self.dir / f"{c.name}.log",
-                env=env,
-                cwd=Path(cwd),
-            )
+        except subprocess.SubprocessError as err:  # the runtime did not answer in time
+            c.state = {"waiting": {"reason": "RunContainerError", "message": str(err)}}
+            c.restart_at = time.monotonic() + 2.0
+            return
         except OSError as err:
             c.state = {
                 "terminated": {
@@ -263,20 +279,41 @@ class PodRunner(threading.Thread):
             }
             c.done = True
             return
-        (self.dir / f"{c.name}.pid").write_text(str(c.proc.pid))
+        (self.dir / f"{c.name}.pid").write_text(str(c.started.proc.pid))
         c.started_mono = time.monotonic()
         c.state = {"running": {"startedAt": now()}}
         c.probe.arm(c.started_mono)
         c.liveness.arm(c.started_mono)
         c.ready = c.probe.spec is None
         log.info(
-            "pod %s/%s: started %s as pid %d: %s",
+            "pod %s/%s: started %s (%s) as pid %d: %s",
             self.namespace,
             self.pod_name,
             c.name,
-            c.proc.pid,
-            argv,
+            runtime.mode,
+            c.started.proc.pid,
+            [*command, *args],
         )
+
+    def _warn_unmounted(self, c: Container) -> None:
+        """Logs, once per container, the volume mounts its runtime does not provide."""
+        provided = {"kube-api-access-"}  # the injected service-account token
+        if self.ctx.runtime.mode == "containers":
+            provided |= {v["name"] for v in self.pod["spec"].get("volumes", []) if "emptyDir" in v}
+        ignored = [
+            m["mountPath"]
+            for m in c.spec.get("volumeMounts", [])
+            if m["name"] not in provided and not m["name"].startswith("kube-api-access-")
+        ]
+        if ignored and c.restarts == 0:
+            log.warning(
+                "pod %s/%s: %s: volumes not mounted by the test kubelet (%s): %s",
+                self.namespace,
+                self.pod_name,
+                c.name,
+                self.ctx.runtime.mode,
+                ", ".join(ignored),
+            )
 
     def _reaped(self, c: Container, code: int) -> None:
         started = c.state.get("running", {}).get("startedAt", now())
@@ -286,8 +323,9 @@ class PodRunner(threading.Thread):
         else:
             terminated.update(exitCode=code, reason="Completed" if code == 0 else "Error")
         c.state = {"terminated": terminated}
-        c.proc = None
+        c.started = None
         c.ready = False
+        self.ctx.runtime.remove(c.name_in_runtime)
         (self.dir / f"{c.name}.pid").unlink(missing_ok=True)
         log.info("pod %s/%s: %s exited with %d", self.namespace, self.pod_name, c.name, code)
 
@@ -300,10 +338,20 @@ class PodRunner(threading.Thread):
             assert probe.spec is not None
             with self.lock:
                 pod = self.pod
+            runtime = self.ctx.runtime
             env = container_env(pod, c.spec, self.ctx.base_env(pod), self.ctx.client)
-            prefix = self.ctx.exec_prefix(self.hosts, self._token_dir)
+            exec_argv = runtime.exec_argv(c.name_in_runtime, self.hosts, self._token_dir)
             verdict = probe.observe(
-                probe_ok(probe.spec, c.spec, self.pod_ip, prefix, env, str(self.dir))
+                probe_ok(
+                    probe.spec,
+                    c.spec,
+                    self.pod_ip,
+                    exec_argv,
+                    env,
+                    str(self.dir),
+                    exec_env=runtime.exec_env(env),
+                    exec_timeout=runtime.exec_timeout(float(probe.spec.get("timeoutSeconds", 1))),
+                )
             )
             if probe is c.probe and verdict is not None:
                 c.ready = verdict
@@ -314,22 +362,25 @@ class PodRunner(threading.Thread):
                     self.pod_name,
                     c.name,
                 )
-                procs.signal_group(c.proc.pid, signal.SIGKILL)
+                self.ctx.runtime.signal(c.name_in_runtime, c.proc, signal.SIGKILL)
 
     # ----- termination ----------------------------------------------------------------------
 
     def _kill_all(self, grace: float) -> None:
         """SIGTERM every running process group, SIGKILL whatever outlives grace seconds."""
+        runtime = self.ctx.runtime
         running = [
             (c, c.proc) for c in [*self.init_containers, *self.containers] if c.proc is not None
         ]
-        for _, proc in running:
-            procs.signal_group(proc.pid, signal.SIGTERM)
+        for c, proc in running:
+            runtime.signal(c.name_in_runtime, proc, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(p.poll() is None for _, p in running):
             time.sleep(0.05)
         for c, proc in running:
-            procs.signal_group(proc.pid, signal.SIGKILL)
+            if proc.poll() is None:
+                runtime.signal(c.name_in_runtime, proc, signal.SIGKILL)
+            procs.signal_group(proc.pid, signal.SIGKILL)  # whatever the process left behind
             self._reaped(c, proc.wait())
             c.done = True
 
@@ -438,8 +489,8 @@ def _container_status(c: Container) -> Obj:
     return {
         "name": c.name,
         "image": c.spec.get("image", ""),
-        "imageID": "",
-        "containerID": f"process://{c.proc.pid}" if c.proc else "",
+        "imageID": c.started.image_id if c.started else "",
+        "containerID": c.started.container_id() if c.started else "",
         "ready": c.ready,
         "started": c.proc is not None,
         "restartCount": c.restarts,

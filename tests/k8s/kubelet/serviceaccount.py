@@ -4,7 +4,7 @@ For a pod that automounts its token, the kubelet asks the TokenRequest API for a
 pod's ServiceAccount bound to the pod object, writes `token`, `ca.crt` and `namespace` into
 a per-pod folder, and each container process sees that folder read-only at
 /var/run/secrets/kubernetes.io/serviceaccount (a bind mount in the pod's private mount
-namespace; see Kubelet.exec_prefix). The token is renewed at 80% of its lifetime, like the
+namespace; see runtime.py). The token is renewed at 80% of its lifetime, like the
 kubelet does, by replacing the file atomically inside the mounted folder.
 
 The API server itself is reached through KUBERNETES_SERVICE_HOST/PORT (its real address) or,
