@@ -432,7 +432,11 @@ def test_helm_install_namespaced_rbac(crd: Cluster, k8s_namespace: str, release:
             assert not can_i(crd, sa, "get", "secrets", "-n", namespace)
             assert not can_i(crd, sa, "create", "pods", "-n", namespace)
             assert not can_i(crd, sa, "list", "resourceclusters.apportion.dev", "-n", namespace)
-        assert not can_i(crd, sa, "list", "namespaces")
+        # Reading namespaces is cluster-wide (kopf looks the watched ones up at start);
+        # changing them is not allowed, nor any other cluster-wide reading.
+        assert can_i(crd, sa, "list", "namespaces")
+        assert not can_i(crd, sa, "delete", "namespaces")
+        assert not can_i(crd, sa, "list", "pods", "--all-namespaces")
         assert can_i(crd, sa, "watch", "customresourcedefinitions.apiextensions.k8s.io")
         for verb, resource, *extra in NEVER:
             assert not can_i(crd, sa, verb, resource, "-n", watched, *extra), (verb, resource)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.cookiejar
 import sys
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
@@ -74,7 +75,11 @@ def test_logs_dashboard_and_metrics_of_a_resource_cluster(
 
         watched.wait(groups_shown, "the operator's view on the dashboard", timeout=60)
         base = cluster.dashboard_link.split("/dashboard")[0]
-        metrics = browser.open(f"{base}/metrics", timeout=10).read().decode()  # the cookie
+        token = urllib.parse.parse_qs(urllib.parse.urlsplit(cluster.dashboard_link).query)["token"]
+        scrape = urllib.request.Request(
+            f"{base}/metrics", headers={"Authorization": f"Bearer {token[0]}"}
+        )
+        metrics = urllib.request.urlopen(scrape, timeout=10).read().decode()
         assert 'apportion_worker_resource_total{resource="GPU"' in metrics
         assert any("scheduler listening" in line for line in client.get_scheduler_logs())
 
