@@ -115,7 +115,6 @@ def test_the_reservation_moves_when_its_worker_leaves(sim: Sim) -> None:
         sim.submit(key, resources={"GPU": 1})
     sim.submit("big", resources={"GPU": 2})
     (first,) = reserved(sim)
-    other = "b" if first == "a" else "a"
     sim.remove_worker(first)
     # The lost worker's runs are queued again, ahead of "big" (submitted before it): the
     # remaining worker is reserved for the first of them, and "big" waits its turn.
