@@ -58,6 +58,11 @@ class SchedulerState(RetirementMixin):
         self.no_worker: dict[Shape, dict[TaskState, None]] = {}
         # Workers reserved for a queued task with resources (see _reserve), and that task.
         self.reserved: dict[WorkerState, TaskState] = {}
+        # Shapes for which no worker could be reserved, with the priority of the task that
+        # failed: a task of that shape and no higher priority (submitted later, so it
+        # outranks no more holders) would fail too, so it skips the search. Cleared
+        # whenever a worker may be free of reservations again.
+        self._no_reservation: dict[Shape, int] = {}
         self.outbox: defaultdict[str, list[Message]] = defaultdict(list)
         self._notices: dict[tuple[str, Shape], list[str]] = {}
         self._seq = itertools.count()
@@ -265,6 +270,7 @@ class SchedulerState(RetirementMixin):
         self.idle[ws] = None
         self._max_threads = max(self._max_threads, ws.nthreads)
         self.with_slots[ws] = None
+        self._no_reservation.clear()
         for shape, fitting in self.fitting.items():
             if fits(shape, ws.total):
                 fitting.add(ws)
@@ -633,10 +639,12 @@ class SchedulerState(RetirementMixin):
     # released) the worker passes to the most urgent queued task it fits that holds none.
     def _reserve(self, ts: TaskState) -> None:
         """Reserve a worker for ``ts``, queued with resources, if one can be had."""
-        if len(self.reserved) >= len(self.workers) and ts.priority <= self._least_priority:
-            return  # every worker is reserved for a task ts cannot outrank (nor skip ahead of)
+        failed_at = self._no_reservation.get(ts.shape)
+        if failed_at is not None and ts.priority <= failed_at:
+            return
         ws = pick_reservation(ts, self.fitting[ts.shape])
         if ws is None:
+            self._no_reservation[ts.shape] = ts.priority
             return
         displaced = ws.reserved_for
         if displaced is not None:
@@ -671,6 +679,8 @@ class SchedulerState(RetirementMixin):
         ts = self.ready.next_to_reserve(ws)
         if ts is not None:
             self._reserve_on(ts, ws)
+        elif self._no_reservation:
+            self._no_reservation.clear()  # a worker free of reservations again
 
     def _hold(self, ws: WorkerState) -> bool:
         """Set aside the units free now of the reserved demand; whether all of it is held."""
