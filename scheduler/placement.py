@@ -169,7 +169,11 @@ class _ShapeQueue:
 
     def first_unreserved(self) -> TaskState | None:
         """The most urgent live task holding no reservation (those that do are at the front,
-        as reservations go in queue order, so few are passed over)."""
+        as reservations go in queue order, so few are passed over), or None if none is
+        left. Stale entries at the head are dropped first: tasks started through their
+        reservation leave the queue that way, and pop_for may not reach them soon."""
+        if self.head() is None:
+            return None
         for priority in sorted(self.lanes, reverse=True):
             for ts in self.lanes[priority]:
                 if ts.state == "queued" and ts.reserved_on is None:
@@ -213,6 +217,8 @@ class ReadyQueues:
                 ts = queue.first_unreserved()
                 if ts is not None and (best is None or outranks(ts, best)):
                     best = ts
+        if any(not queue.order for queue in self.by_shape.values()):
+            self._drop_empty()
         return best
 
     def counts(self) -> dict[Shape, int]:
