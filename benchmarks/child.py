@@ -14,7 +14,7 @@ import sys
 import time
 
 from benchmarks.systems import adapter
-from benchmarks.workloads import HOMOGENEOUS, Sizes, inc, seed, warm_up
+from benchmarks.workloads import HOMOGENEOUS, Sizes, inc, seed, stream, warm_up
 
 
 def run_cluster(system: str, sizes: Sizes, workloads: list[str]) -> dict[str, float]:
@@ -30,6 +30,10 @@ def run_cluster(system: str, sizes: Sizes, workloads: list[str]) -> dict[str, fl
         with module.session(seed=True) as session:
             warm_up(session)
             metrics.update(seed(session, sizes))
+    if "stream" in workloads:
+        with module.session(seed=True) as session:
+            warm_up(session)
+            metrics.update(stream(session, sizes))
     return metrics
 
 

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="repetitions (3, quick: 2)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument(
-        "--workloads", default="tiny,seed,chain,latency,cold_start,scheduler", help="subset"
+        "--workloads", default="tiny,seed,chain,latency,stream,cold_start,scheduler", help="subset"
     )
     parser.add_argument("--max-load", type=float, default=2.5, help="wait (≤30 s) below this")
     opts = parser.parse_args(argv)
