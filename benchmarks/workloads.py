@@ -126,14 +126,15 @@ def seed(session: Session, sizes: Sizes) -> dict[str, float]:
 
 STREAM_TASK_S = 0.05
 STREAM_BIG = 5  # GPU=2 tasks, submitted 1 s into the stream
-STREAM_GPUS = 4  # the seed cluster's: GPU=2 on two workers
 
 
 def stream(session: Session, sizes: Sizes) -> dict[str, float]:
-    """A steady stream of GPU=1 tasks (50 ms each), submitted a quarter faster than the
-    seed cluster's GPUs run them (so some always wait), and 5 GPU=2 tasks submitted 1 s in:
-    how long the GPU=2 tasks wait to start (median), and the stream's throughput."""
-    interval = STREAM_TASK_S / STREAM_GPUS / 1.25
+    """A steady stream of GPU=1 tasks (50 ms each), submitted a tenth faster than the seed
+    cluster's GPU workers run them (one thread each: two at a time), so some always wait,
+    and 5 GPU=2 tasks submitted 1 s in: how long the GPU=2 tasks wait to start (median),
+    and the stream's throughput (at most 40 tasks/s)."""
+    threads = sum(w["nthreads"] for w in SEED_WORKERS if "GPU" in w["resources"])
+    interval = STREAM_TASK_S / threads / 1.1
     n = int(sizes.stream_seconds / interval)
     futures, big = [], []
     big_submitted = 0.0
