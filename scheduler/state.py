@@ -348,7 +348,8 @@ class SchedulerState(RetirementMixin):
             else:
                 self._release_if_unneeded(ts)
         # 5. The task it was reserved for reserves another worker.
-        if displaced is not None and displaced.state == "queued":
+        # (unless it holds another already: a reservation that ended meanwhile passed to it)
+        if displaced is not None and displaced.state == "queued" and displaced.reserved_on is None:
             self._reserve(displaced)
         # 6. Retirements and copies involving it go on without it.
         if self.copying or ws in self.awaiting:
