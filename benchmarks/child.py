@@ -14,7 +14,15 @@ import sys
 import time
 
 from benchmarks.systems import adapter
-from benchmarks.workloads import DASK_WORKLOADS, HOMOGENEOUS, SEED_CLUSTER, Sizes, inc, warm_up
+from benchmarks.workloads import (
+    DASK_WORKLOADS,
+    HOMOGENEOUS,
+    SEED_CLUSTER,
+    Sizes,
+    inc,
+    stream,
+    warm_up,
+)
 
 
 def run_cluster(system: str, sizes: Sizes, workloads: list[str]) -> dict[str, float]:
@@ -30,6 +38,10 @@ def run_cluster(system: str, sizes: Sizes, workloads: list[str]) -> dict[str, fl
             warm_up(session)
             for name in wanted:
                 metrics.update(table[name](session, sizes))
+    if "stream" in workloads:  # a cluster of its own: the stream's throughput from a cold start
+        with module.session(seed=True) as session:
+            warm_up(session)
+            metrics.update(stream(session, sizes))
     return metrics
 
 

@@ -34,6 +34,14 @@ def aggregate(*xs: int) -> int:
     return sum(xs)
 
 
+def occupy(seconds: float) -> float:
+    """Hold a thread (and the task's resources) for ``seconds``; return when it started
+    (wall clock: comparable between the processes of one machine)."""
+    start = time.time()
+    time.sleep(seconds)
+    return start
+
+
 # ----------------------------------------------------------------------------- sizes
 
 
@@ -49,6 +57,7 @@ class Sizes:
     dask_chunks: int = 10_000  # the array reduction's chunks
     dask_gpu_chunks: int = 1_000  # the annotated map_blocks' chunks
     dask_partitions: int = 100  # the groupby's partitions (a day of data each)
+    stream_seconds: float = 10.0  # how long the GPU=1 stream is submitted for
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -62,6 +71,7 @@ class Sizes:
             dask_chunks=2_000,
             dask_gpu_chunks=200,
             dask_partitions=20,
+            stream_seconds=3.0,
         )
 
 
@@ -124,6 +134,43 @@ def seed(session: Session, sizes: Sizes) -> dict[str, float]:
     return {"seed_tasks_per_s": (2 * n + 1) / elapsed}
 
 
+STREAM_TASK_S = 0.05
+STREAM_BIG = 5  # GPU=2 tasks, submitted 1 s into the stream
+
+
+def stream(session: Session, sizes: Sizes) -> dict[str, float]:
+    """A steady stream of GPU=1 tasks (50 ms each), submitted a tenth faster than the seed
+    cluster's GPU workers run them (one thread each: two at a time), so some always wait,
+    and 5 GPU=2 tasks submitted 1 s in: how long the GPU=2 tasks wait to start (median),
+    and the stream's throughput (at most 40 tasks/s)."""
+    threads = sum(w["nthreads"] for w in SEED_WORKERS if "GPU" in w["resources"])
+    interval = STREAM_TASK_S / threads / 1.1
+    n = int(sizes.stream_seconds / interval)
+    futures, big = [], []
+    big_submitted = 0.0
+    start = time.perf_counter()
+    for i in range(n):
+        due = start + i * interval
+        pause = due - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        futures.append(session.submit(occupy, STREAM_TASK_S, resources={"GPU": 1}))
+        if not big and due - start >= 1.0:
+            big_submitted = time.time()
+            big = [
+                session.submit(occupy, STREAM_TASK_S, resources={"GPU": 2})
+                for _ in range(STREAM_BIG)
+            ]
+    started = session.gather(futures)
+    elapsed = time.perf_counter() - start
+    big_started = session.gather(big)
+    assert len(started) == n and len(big_started) == STREAM_BIG, "stream: results missing"
+    return {
+        "stream_big_start_delay_s": statistics.median(t - big_submitted for t in big_started),
+        "stream_tasks_per_s": n / elapsed,
+    }
+
+
 def chain(session: Session, sizes: Sizes) -> dict[str, float]:
     n = sizes.chain
     start = time.perf_counter()
@@ -173,7 +220,7 @@ SEED_CLUSTER: dict[str, Callable[[Session, Sizes], dict[str, float]]] = {
 }
 # Dask collections: only on systems whose session computes them (see FuturesSession).
 DASK_WORKLOADS = ("dask_array", "dask_gpu", "dask_groupby")
-CLUSTER_WORKLOADS = ("tiny", "seed", "chain", "latency", *DASK_WORKLOADS)
+CLUSTER_WORKLOADS = ("tiny", "seed", "chain", "latency", "stream", *DASK_WORKLOADS)
 ALL_WORKLOADS = (*CLUSTER_WORKLOADS, "cold_start", "scheduler")
 
 
@@ -189,6 +236,8 @@ class Metric:
 METRICS: list[Metric] = [
     Metric("tiny_tasks_per_s", "tiny (inc via map, gather)", "tasks/s", True, 5_000),
     Metric("seed_tasks_per_s", "seed pipeline", "tasks/s", True, 3_000),
+    Metric("stream_big_start_delay_s", "GPU=2 start delay in a GPU=1 stream", "s", False, 0.3),
+    Metric("stream_tasks_per_s", "GPU=1 stream throughput", "tasks/s", True, None),
     Metric("chain_steps_per_s", "chain", "steps/s", True, 2_000),
     Metric("latency_p50_ms", "latency p50", "ms", False, 0.5),
     Metric("latency_p99_ms", "latency p99", "ms", False, 2.0),

@@ -39,6 +39,7 @@ class TaskState:
         "no_worker_since",
         "priority",
         "processing_on",
+        "reserved_on",
         "retries",
         "run_id",
         "seq",
@@ -78,6 +79,8 @@ class TaskState:
         self.who_has: frozenset[WorkerState] = NOTHING
         self.who_wants: frozenset[str] = who_wants
         self.processing_on: WorkerState | None = None
+        # The worker holding units for this queued task (see SchedulerState._reserve).
+        self.reserved_on: WorkerState | None = None
         self.run_id: int | None = None
         self.nbytes = 0
         self.exception: bytes | None = None
@@ -95,6 +98,7 @@ class WorkerState:
         "fitting_shapes",
         "free",
         "has_what",
+        "held",
         "idle_since",
         "info",
         "last_seen",
@@ -106,6 +110,7 @@ class WorkerState:
         "name",
         "nthreads",
         "processing",
+        "reserved_for",
         "retiring",
         "slots",
         "total",
@@ -127,8 +132,14 @@ class WorkerState:
         self.nthreads = max(1, int(nthreads))
         self.total: Resources = dict(resources)
         self.used: Resources = dict.fromkeys(resources, 0)
-        # Kept equal to total - used, so fit checks need no subtraction on the hot path.
+        # Kept equal to total - used - held, so fit checks need no subtraction on the hot
+        # path, and units held for a reservation look taken to every other task.
         self.free: Resources = dict(resources)
+        # The queued task this worker is reserved for (a demand too large for what is free
+        # anywhere now), and the units of that demand set aside for it as they come free:
+        # held[name] = min(its demand, total - used). Empty while not reserved.
+        self.reserved_for: TaskState | None = None
+        self.held: Resources = {}
         self.max_slots = self.nthreads + max(0, prefetch)
         self.slots = self.max_slots
         # Chosen for removal (scale-down): no new work (slots 0) until stopped or kept.

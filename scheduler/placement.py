@@ -4,6 +4,10 @@ Rule: a task needing demand D may go to worker W only if ``total(W) >= D`` and
 is assigned only when ``free(W) >= D`` and W has a free slot. Among those,
 prefer the worker holding most bytes of the task's dependencies, else an idle
 one (the scheduler offers the most recently idle first), else the least loaded one.
+
+Reservations: a task with resources that cannot start anywhere reserves one worker
+(``pick_reservation``); the units of its demand that come free there are held for it
+(they leave ``free``), so smaller demands cannot keep refilling them.
 """
 
 from __future__ import annotations
@@ -62,6 +66,42 @@ def pick_worker(
                 best, best_load = ws, load
                 if load <= floor:
                     break
+    return best
+
+
+def outranks(ts: TaskState, other: TaskState) -> bool:
+    """Whether ``ts`` comes before ``other``: higher priority, then earlier submission."""
+    if ts.priority != other.priority:
+        return ts.priority > other.priority
+    return ts.seq < other.seq
+
+
+def missing_units(shape: Shape, ws: WorkerState) -> float:
+    """How many units of ``shape`` are not free on ``ws`` now (0: it could start there)."""
+    free = ws.free
+    return sum(amount - free[name] for name, amount in shape if free[name] < amount)
+
+
+def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerState | None:
+    """The worker to reserve for ``ts``, which fits no worker's free resources now.
+
+    Durations are unknown, so "soonest" is estimated by what is missing: the worker with
+    the fewest units of the demand still taken, then the fewest runs. A worker reserved for
+    a task that ``ts`` outranks may be taken over; one reserved for a more urgent task, or
+    taking no work (retiring), is never chosen.
+    """
+    best: WorkerState | None = None
+    best_key = (0.0, 0)
+    for ws in fitting:
+        if ws.slots == 0:
+            continue
+        holder = ws.reserved_for
+        if holder is not None and not outranks(ts, holder):
+            continue
+        # Units held for the task being displaced come free for ``ts``.
+        key = (missing_units(ts.shape, ws) - sum(ws.held.values()), len(ws.processing))
+        if best is None or key < best_key:
+            best, best_key = ws, key
     return best
 
 
@@ -128,6 +168,19 @@ class _ShapeQueue:
             self.top_priority = -self.order[0]
             self.top = self.lanes[self.top_priority]
 
+    def first_unreserved(self) -> TaskState | None:
+        """The most urgent live task holding no reservation (those that do are at the front,
+        as reservations go in queue order, so few are passed over), or None if none is
+        left. Stale entries at the head are dropped first: tasks started through their
+        reservation leave the queue that way, and pop_for may not reach them soon."""
+        if self.head() is None:
+            return None
+        for priority in sorted(self.lanes, reverse=True):
+            for ts in self.lanes[priority]:
+                if ts.state == "queued" and ts.reserved_on is None:
+                    return ts
+        return None
+
     def live(self) -> list[TaskState]:
         """Every live queued task once, most urgent first."""
         found: dict[TaskState, None] = {}
@@ -155,6 +208,19 @@ class ReadyQueues:
             lane.append(ts)
         else:  # back in the queue after newer tasks (a lost worker's run): keep seq order
             bisect.insort(lane, ts, key=_seq)
+
+    def next_to_reserve(self, ws: WorkerState) -> TaskState | None:
+        """The most urgent queued task with resources, not yet reserved, that ``ws`` fits."""
+        best: TaskState | None = None
+        fitting = ws.fitting_shapes
+        for shape, queue in self.by_shape.items():
+            if shape and shape in fitting:
+                ts = queue.first_unreserved()
+                if ts is not None and (best is None or outranks(ts, best)):
+                    best = ts
+        if any(not queue.order for queue in self.by_shape.values()):
+            self._drop_empty()
+        return best
 
     def counts(self) -> dict[Shape, int]:
         """Live queued tasks per shape (lanes also hold stale entries until they are reached)."""

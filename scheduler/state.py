@@ -27,7 +27,12 @@ from apportion.scheduler.model import (
     TaskStateName,
     WorkerState,
 )
-from apportion.scheduler.placement import ReadyQueues, explain_no_worker, pick_worker
+from apportion.scheduler.placement import (
+    ReadyQueues,
+    explain_no_worker,
+    pick_reservation,
+    pick_worker,
+)
 from apportion.scheduler.retirement import RetirementMixin, bytes_held, in_service_first
 
 from apportion import config
@@ -52,6 +57,13 @@ class SchedulerState(RetirementMixin):
         # Every demand shape seen, with the workers whose totals cover it.
         self.fitting: dict[Shape, set[WorkerState]] = {}
         self.no_worker: dict[Shape, dict[TaskState, None]] = {}
+        # Workers reserved for a queued task with resources (see _reserve), and that task.
+        self.reserved: dict[WorkerState, TaskState] = {}
+        # Shapes for which no worker could be reserved, with the priority of the task that
+        # failed: a task of that shape and no higher priority (submitted later, so it
+        # outranks no more holders) would fail too, so it skips the search. Cleared
+        # whenever a worker may be free of reservations again.
+        self._no_reservation: dict[Shape, int] = {}
         self.outbox: defaultdict[str, list[Message]] = defaultdict(list)
         self._notices: dict[tuple[str, Shape], list[str]] = {}
         self._seq = itertools.count()
@@ -261,6 +273,7 @@ class SchedulerState(RetirementMixin):
         self.idle[ws] = None
         self._max_threads = max(self._max_threads, ws.nthreads)
         self.with_slots[ws] = None
+        self._no_reservation.clear()
         for shape, fitting in self.fitting.items():
             if fits(shape, ws.total):
                 fitting.add(ws)
@@ -287,6 +300,9 @@ class SchedulerState(RetirementMixin):
             self.events.worker_left(ws.name, reason)
         self.with_slots.pop(ws, None)
         self._named.pop(self._singletons.pop(ws, NOTHING), None)
+        displaced = ws.reserved_for
+        if displaced is not None:
+            self._unreserve(displaced)
         orphaned = []
         for shape in ws.fitting_shapes:
             self.fitting[shape].discard(ws)
@@ -338,7 +354,11 @@ class SchedulerState(RetirementMixin):
                 self._ensure_computed(ts)
             else:
                 self._release_if_unneeded(ts)
-        # 5. Retirements and copies involving it go on without it.
+        # 5. The task it was reserved for reserves another worker.
+        # (unless it holds another already: a reservation that ended meanwhile passed to it)
+        if displaced is not None and displaced.state == "queued" and displaced.reserved_on is None:
+            self._reserve(displaced)
+        # 6. Retirements and copies involving it go on without it.
         if self.copying or ws in self.awaiting:
             self._retirement_lost(ws, reason)
 
@@ -534,6 +554,8 @@ class SchedulerState(RetirementMixin):
         if ws is None:
             self._set_state(ts, "queued")
             self.ready.push(ts)
+            if ts.shape:
+                self._reserve(ts)
         else:
             self._assign(ts, ws)
 
@@ -568,9 +590,6 @@ class SchedulerState(RetirementMixin):
 
     def _assign(self, ts: TaskState, ws: WorkerState) -> None:
         run_id = next(self._run_ids)
-        self._set_state(ts, "processing")
-        ts.processing_on = ws
-        ts.run_id = run_id
         if not ws.processing:
             self.idle.pop(ws, None)
             ws.idle_since = None
@@ -582,6 +601,13 @@ class SchedulerState(RetirementMixin):
             for name, amount in shape:
                 used[name] += amount
                 free[name] = total[name] - used[name]
+            if ws.reserved_for is not None:
+                self._hold(ws)
+        # The run is booked before the transition: a reservation ``ts`` gives up passes on
+        # from there, and may start its next holder here at once.
+        ts.processing_on = ws
+        ts.run_id = run_id
+        self._set_state(ts, "processing")
         if len(processing) >= ws.slots:
             self.with_slots.pop(ws, None)
         message: Message = {
@@ -619,9 +645,91 @@ class SchedulerState(RetirementMixin):
             # Float sums of fractional demands drift; snap to the exact totals.
             used[name] = left = 0 if -1e-9 < left < 1e-9 else left
             free[name] = total[name] - left
-        if ws.address in self.workers and len(ws.processing) < ws.slots:
-            self.with_slots[ws] = None
+        if ws.address in self.workers:
+            if ws.reserved_for is not None:
+                self._serve(ws)
+            if len(ws.processing) < ws.slots:
+                self.with_slots[ws] = None
         return ts
+
+    # ------------------------------------------------------------ reservations
+    # A queued task with resources reserves one worker that could host it (the one
+    # missing the fewest units, see pick_reservation). Each unit of its demand that is
+    # free there, or comes free, is held for it: held units leave ``free``, so no other
+    # task takes them (tasks without resources still use the worker's slots). Once all
+    # its units are held and a slot is free, it starts there. A worker has at most one
+    # reservation; a task that outranks (priority, then submission) a worker's holder
+    # takes it over. When the holder leaves the queue (started anywhere, cancelled,
+    # released) the worker passes to the most urgent queued task it fits that holds none.
+    def _reserve(self, ts: TaskState) -> None:
+        """Reserve a worker for ``ts``, queued with resources, if one can be had."""
+        failed_at = self._no_reservation.get(ts.shape)
+        if failed_at is not None and ts.priority <= failed_at:
+            return
+        ws = pick_reservation(ts, self.fitting[ts.shape])
+        if ws is None:
+            self._no_reservation[ts.shape] = ts.priority
+            return
+        displaced = ws.reserved_for
+        if displaced is not None:
+            self._unreserve(displaced)
+        self._reserve_on(ts, ws)
+        # ws may have started ts at once and passed back to the displaced task already.
+        if displaced is not None and displaced.reserved_on is None:
+            self._reserve(displaced)
+
+    def _reserve_on(self, ts: TaskState, ws: WorkerState) -> None:
+        ws.reserved_for = ts
+        ts.reserved_on = ws
+        self.reserved[ws] = ts
+        self._serve(ws)
+
+    def _unreserve(self, ts: TaskState) -> None:
+        """Drop ``ts``'s reservation, giving the held units back to ``free``."""
+        ws = ts.reserved_on
+        assert ws is not None
+        ts.reserved_on = None
+        ws.reserved_for = None
+        del self.reserved[ws]
+        free, used, total = ws.free, ws.used, ws.total
+        for name in ws.held:
+            free[name] = total[name] - used[name]
+        ws.held = {}
+
+    def _reserve_next(self, ws: WorkerState) -> None:
+        """Pass a worker whose reservation ended to the next task waiting for one."""
+        if ws.slots == 0 or ws.address not in self.workers:
+            return
+        ts = self.ready.next_to_reserve(ws)
+        if ts is not None:
+            self._reserve_on(ts, ws)
+        elif self._no_reservation:
+            self._no_reservation.clear()  # a worker free of reservations again
+
+    def _hold(self, ws: WorkerState) -> bool:
+        """Set aside the units free now of the reserved demand; whether all of it is held."""
+        ts = ws.reserved_for
+        assert ts is not None
+        used, free, total, held = ws.used, ws.free, ws.total, ws.held
+        complete = True
+        for name, amount in ts.shape:
+            available = total[name] - used[name]
+            if available < amount - 1e-9:
+                complete = False
+                held[name] = available
+            else:
+                held[name] = amount
+            free[name] = available - held[name]
+        return complete
+
+    def _serve(self, ws: WorkerState) -> None:
+        """Start the task ``ws`` is reserved for once all its units are held and a slot
+        is free (so it may start even if slots are all taken by tasks without resources
+        when the units come free: it is first for the next slot)."""
+        ts = ws.reserved_for
+        assert ts is not None
+        if self._hold(ws) and len(ws.processing) < ws.slots:
+            self._assign(ts, ws)
 
     def _fill(self, ws: WorkerState) -> None:
         """Hand queued tasks to a worker while it has free slots and resources."""
@@ -654,7 +762,14 @@ class SchedulerState(RetirementMixin):
                 if not waiting:
                     del self.no_worker[ts.shape]
             ts.no_worker_since = None
-        # "queued" entries are dropped lazily by ReadyQueues.
+        elif old == "queued":
+            # Its entry in the ready queues is dropped lazily; a reservation goes now.
+            reserved_on = ts.reserved_on
+            if reserved_on is not None:
+                self._unreserve(ts)
+                ts.state = new
+                self._reserve_next(reserved_on)
+                return
         ts.state = new
 
     def _release_if_unneeded(self, ts: TaskState) -> None:
@@ -821,8 +936,12 @@ class SchedulerState(RetirementMixin):
                         f"{ws.name}: {name} used {used} != sum of running demands "
                         f"{expected.get(name, 0)}"
                     )
-                if abs(ws.free[name] - (total - used)) > 1e-9:
-                    problems.append(f"{ws.name}: {name} free {ws.free[name]} != total - used")
+                held = ws.held.get(name, 0)
+                if abs(ws.free[name] - (total - used - held)) > 1e-9:
+                    problems.append(
+                        f"{ws.name}: {name} free {ws.free[name]} != total - used - held"
+                    )
+            problems.extend(_reservation_problems(ws, self))
             if len(ws.processing) > 2 * ws.max_slots and not ws.retiring:
                 problems.append(f"{ws.name}: {len(ws.processing)} runs > 2 x {ws.slots} slots")
             priorities = {run.priority for run in ws.processing.values()}
@@ -830,6 +949,9 @@ class SchedulerState(RetirementMixin):
                 problems.append(
                     f"{ws.name}: {len(ws.processing)} runs of one priority > {ws.slots} slots"
                 )
+        reserved = {ts.key for ts in self.tasks.values() if ts.reserved_on is not None}
+        if reserved != {ts.key for ts in self.reserved.values()}:
+            problems.append(f"tasks reserved {sorted(reserved)} != the workers' reservations")
         idle = {ws for ws in self.with_slots if not ws.processing}
         if idle != set(self.idle):
             problems.append(
@@ -843,6 +965,29 @@ class SchedulerState(RetirementMixin):
             if ts.state == "memory" and not ts.who_has:
                 problems.append(f"task {ts.key} in memory nowhere")
         return problems + self._retirement_problems()
+
+
+def _reservation_problems(ws: WorkerState, state: SchedulerState) -> list[str]:
+    """A worker's reservation: held exactly for a queued task reserved on it, and only the
+    units of that task's demand that are not in use (as many as it needs, no more)."""
+    ts = ws.reserved_for
+    if ts is None:
+        return [f"{ws.name}: holds {ws.held} with no reservation"] if ws.held else []
+    problems = []
+    if ts.reserved_on is not ws or state.reserved.get(ws) is not ts:
+        problems.append(f"{ws.name}: reservation for {ts.key} not recorded both ways")
+    if ts.state != "queued":
+        problems.append(f"{ws.name}: reserved for {ts.key}, which is {ts.state}")
+    demand = dict(ts.shape)
+    if set(ws.held) != set(demand):
+        problems.append(f"{ws.name}: holds {ws.held} for a demand of {demand}")
+    for name, amount in demand.items():
+        expected = min(amount, ws.total.get(name, 0) - ws.used.get(name, 0))
+        if abs(ws.held.get(name, 0) - expected) > 1e-9:
+            problems.append(
+                f"{ws.name}: holds {ws.held.get(name, 0)} {name} for {ts.key}, not {expected}"
+            )
+    return problems
 
 
 def _current_run(ts: TaskState, ws: WorkerState | None, run_id: int) -> bool:

@@ -137,8 +137,11 @@ def test_queued_task_starts_when_resources_free_up_and_is_reported_in_info(sim: 
 
 
 def test_a_small_task_is_not_blocked_behind_a_large_one_that_does_not_fit_now(sim: Sim) -> None:
+    # The large demand holds the worker it reserved (see test_scheduler_reservations.py),
+    # not the others: a smaller task starts on a worker the large one could never use.
     sim.add_worker("w", {"GPU": 2}, nthreads=4)
-    sim.submit("a", resources={"GPU": 1})
+    sim.add_worker("w1", {"GPU": 1}, nthreads=4)
+    sim.submit("a", resources={"GPU": 2})
     sim.submit("big", resources={"GPU": 2})
     sim.submit("small", resources={"GPU": 1})
     assert sim.outstanding() == ["a", "small"]

@@ -1,0 +1,191 @@
+"""Reservations: a queued demand with resources holds a worker's units as they come free,
+so a stream of smaller demands cannot starve it (driven through ``Sim``, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.sim import Sim
+
+
+@pytest.fixture
+def sim() -> Sim:
+    s = Sim()
+    s.add_client("c")
+    return s
+
+
+def reserved(sim: Sim) -> dict[str, str]:
+    """Worker address -> key of the task it is reserved for."""
+    return {ws.address: ts.key for ws, ts in sim.state.reserved.items()}
+
+
+def test_a_large_demand_reserves_a_worker_and_smaller_ones_do_not_take_its_units(
+    sim: Sim,
+) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("two", resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 2})
+    assert reserved(sim) == {"w": "big"}
+    sim.finish("one")
+    # The unit that came free is held for "big": a new one-unit task waits...
+    assert sim.state.workers["w"].held == {"GPU": 1}
+    assert sim.state.workers["w"].free == {"GPU": 0}
+    sim.submit("three", resources={"GPU": 1})
+    assert sim.states()["three"] == "queued"
+    assert sim.outstanding() == ["two"]
+    # ...and "big" starts as soon as its second unit comes free, before "three".
+    sim.finish("two")
+    assert sim.outstanding() == ["big"]
+    assert sim.states()["three"] == "queued"
+    # Its reservation ended; "three" (queued) holds the worker next.
+    assert reserved(sim) == {"w": "three"}
+    sim.finish("big")
+    assert sim.outstanding() == ["three"]
+    assert reserved(sim) == {}
+
+
+def test_tasks_without_resources_still_use_a_reserved_worker(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=2)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 2})
+    sim.submit("plain")
+    assert sim.outstanding() == ["one", "plain"]
+    assert reserved(sim) == {"w": "big"}
+
+
+def test_the_reserved_task_is_first_for_a_slot_once_its_units_are_held(sim: Sim) -> None:
+    # One slot in all (nthreads 1, no prefetch): the reservation waits for the slot too.
+    sim = Sim({"scheduler.worker-prefetch": 0})
+    sim.add_client("c")
+    sim.add_worker("w", {"GPU": 2}, nthreads=1)
+    sim.submit("plain")
+    sim.submit("big", resources={"GPU": 2})
+    assert reserved(sim) == {"w": "big"}
+    assert sim.state.workers["w"].held == {"GPU": 2}
+    sim.submit("plain2")
+    sim.finish("plain")
+    assert sim.outstanding() == ["big"]
+
+
+def test_the_reservation_goes_to_the_worker_missing_the_fewest_units(sim: Sim) -> None:
+    sim.add_worker("a", {"GPU": 2}, nthreads=4)
+    sim.add_worker("b", {"GPU": 2}, nthreads=4)
+    sim.submit_many([{"key": k, "func": b"", "args": b"", "resources": {"GPU": 1}} for k in "pqr"])
+    # One worker runs two of them, the other one (one unit free).
+    full, half = sorted("ab", key=lambda address: -len(sim.computed_keys(address)))
+    assert sim.used(full) == {"GPU": 2} and sim.used(half) == {"GPU": 1}
+    sim.submit("big", resources={"GPU": 2})
+    assert reserved(sim) == {half: "big"}
+    assert sim.state.workers[half].free == {"GPU": 0}
+
+
+def test_the_reservation_is_released_when_the_task_is_cancelled(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 2})
+    assert sim.state.workers["w"].free == {"GPU": 0}
+    sim.cancel("big")
+    assert reserved(sim) == {}
+    assert sim.state.workers["w"].held == {}
+    assert sim.state.workers["w"].free == {"GPU": 1}
+    sim.submit("two", resources={"GPU": 1})
+    assert sim.outstanding() == ["one", "two"]
+
+
+def test_a_cancelled_reservation_passes_to_the_next_queued_demand(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("two", resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 2})
+    sim.submit("big2", resources={"GPU": 2})
+    assert reserved(sim) == {"w": "big"}
+    sim.cancel("big")
+    assert reserved(sim) == {"w": "big2"}
+    sim.finish("one")
+    sim.finish("two")
+    assert sim.outstanding() == ["big2"]
+
+
+def test_the_reservation_moves_when_its_worker_leaves(sim: Sim) -> None:
+    sim.add_worker("a", {"GPU": 2}, nthreads=4)
+    sim.add_worker("b", {"GPU": 2}, nthreads=4)
+    for key in ("p", "q", "r", "s"):
+        sim.submit(key, resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 2})
+    (first,) = reserved(sim)
+    sim.remove_worker(first)
+    # The lost worker's runs are queued again, ahead of "big" (submitted before it): the
+    # remaining worker is reserved for the first of them, and "big" waits its turn.
+    assert first not in reserved(sim)
+    assert sim.state.tasks["big"].reserved_on is None
+    started = []
+    while "big" not in sim.outstanding():
+        key = sim.outstanding()[0]
+        sim.finish(key)
+        started.append(key)
+    assert len(started) <= 4  # the four one-unit tasks submitted before it
+
+
+def test_a_more_urgent_demand_takes_the_reservation_over(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("two", resources={"GPU": 1})
+    sim.submit("low", resources={"GPU": 2})
+    sim.submit("high", resources={"GPU": 2}, priority=5)
+    assert reserved(sim) == {"w": "high"}
+    sim.finish("one")
+    sim.finish("two")
+    assert sim.outstanding() == ["high"]
+    assert reserved(sim) == {"w": "low"}
+    sim.finish("high")
+    assert sim.outstanding() == ["low"]
+
+
+def test_large_demands_of_one_priority_start_in_submission_order(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=8)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("two", resources={"GPU": 1})
+    for key in ("big1", "big2", "big3"):
+        sim.submit(key, resources={"GPU": 2})
+        sim.submit(key + "-small", resources={"GPU": 1})
+    sim.finish("one")
+    sim.finish("two")
+    started = []
+    while sim.outstanding():
+        (key,) = sim.outstanding()
+        started.append(key)
+        sim.finish(key)
+    assert [k for k in started if k.startswith("big") and "-" not in k] == [
+        "big1",
+        "big2",
+        "big3",
+    ]
+    # A small task never jumps ahead of a large one submitted before it.
+    for big in ("big1", "big2", "big3"):
+        assert started.index(big) < started.index(big + "-small")
+
+
+def test_a_steady_stream_of_one_unit_tasks_does_not_starve_a_two_unit_task(sim: Sim) -> None:
+    for address in ("a", "b"):
+        sim.add_worker(address, {"GPU": 2}, nthreads=4)
+    n = 0
+
+    def top_up() -> None:  # the stream: as one finishes, the next is submitted
+        nonlocal n
+        while len(sim.outstanding()) < 4 and n < 200:
+            sim.submit(f"s{n}", resources={"GPU": 1})
+            n += 1
+
+    top_up()
+    sim.submit("big", resources={"GPU": 2})
+    finished_before_big = 0
+    while "big" not in sim.outstanding():
+        key = min(sim.outstanding(), key=lambda k: int(k[1:]))  # oldest first
+        sim.finish(key)
+        finished_before_big += 1
+        top_up()
+    # Without reservations it waits for the whole stream (200 tasks); with one, at most
+    # for the four runs under way when it was submitted.
+    assert finished_before_big <= 4
