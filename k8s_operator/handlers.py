@@ -123,6 +123,15 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.name = peering
         settings.peering.priority = random.randint(1, 2**30)
         settings.peering.lifetime = int(os.environ.get("APPORTION_OPERATOR_PEERING_LIFETIME", "20"))
+        # kopf starts every peering replica paused and logs only changes of that state
+        # ("Resuming operations", "Pausing operations"): one that starts beside a live replica
+        # of higher priority stands by without a word. Say so at start.
+        logger.info(
+            "peering %r: standing by until no live replica of higher priority than %d is "
+            "listed in it",
+            peering,
+            settings.peering.priority,
+        )
 
 
 @kopf.index("pods", labels=MANAGED)
