@@ -49,6 +49,7 @@ from apportion.operator.manifests import (
 )
 from apportion.operator.plan import Plan, plan
 from apportion.operator.scheduler_feed import cluster_summary, send_status
+from apportion.operator.scheduler_http import SchedulerHttp
 from apportion.operator.spec import DEFAULT_IMAGE, ClusterSpec, Defaults, InvalidSpec, parse
 from apportion.operator.status import (
     compute_status,
@@ -333,7 +334,8 @@ def _reconcile(
             if p["metadata"]["labels"].get("app.kubernetes.io/component") == "scheduler"
         ]
     )
-    info = kube.scheduler_info(scheduler_ip, spec.http_port, token) if scheduler_ip else None
+    scheduler = SchedulerHttp(scheduler_ip, spec.http_port, token) if scheduler_ip else None
+    info = kube.scheduler_info(scheduler) if scheduler else None
     pods = [
         p for p in mine if p["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
     ]
@@ -353,7 +355,7 @@ def _reconcile(
         views, _ = observe(spec, pods, {}, before, time.time())
         spec = _sized(spec, {v.name: v.desired for v in views})
     else:
-        spec, scaling, removed = _autoscale(spec, body, pods, info, before, scheduler_ip, token)
+        spec, scaling, removed = _autoscale(spec, body, pods, info, before, scheduler)
         pods = [p for p in pods if p["metadata"]["name"] not in removed]
     todo = plan(spec, pods, connected, taken)
     if problem is not None:
@@ -365,7 +367,7 @@ def _reconcile(
             for p in pods
             if not p["spec"].get("nodeName") and p["metadata"]["name"] not in todo.delete
         ]
-    failures = _carry_out(spec, body, todo, scheduler_ip, token)
+    failures = _carry_out(spec, body, todo, scheduler)
     status = compute_status(
         spec, pods, info, previous, generation, _now(), failures, scaling, invalid=problem
     )
@@ -379,8 +381,8 @@ def _reconcile(
     _announce_failures(body, previous, failures)
     _announce_unmet_demand(body, previous, status)
     _write_status(patch, previous, status)
-    if scheduler_ip:  # for the scheduler's dashboard
-        send_status(scheduler_ip, spec.http_port, token, cluster_summary(name, namespace, status))
+    if scheduler:  # for the scheduler's dashboard
+        send_status(scheduler, cluster_summary(name, namespace, status))
 
 
 def _apply_if_changed(uid: str, manifest: Mapping[str, Any], existing: set[str]) -> None:
@@ -484,8 +486,7 @@ def _autoscale(
     pods: list[dict[str, Any]],
     info: Mapping[str, Any],
     before: Mapping[str, int],
-    scheduler_ip: str | None,
-    token: str | None,
+    scheduler: SchedulerHttp | None,
 ) -> tuple[ClusterSpec, Scaling, set[str]]:
     """Decide each autoscaled group's size, remove the workers chosen to go, and return
     the spec with those sizes, what was decided, and the pods removed. ``before``: each
@@ -495,7 +496,7 @@ def _autoscale(
     connected = {w["name"] for w in info.get("workers", {}).values()}
     removed: set[str] = set()
     for group, names in decision.remove.items():
-        gone = _remove_workers(owner, spec, names, connected, scheduler_ip, token)
+        gone = _remove_workers(owner, spec, names, connected, scheduler)
         removed |= gone
         decision.targets[group] += len(names) - len(gone)  # kept workers stay counted
     desired = {v.name: v.desired for v in views}
@@ -530,31 +531,25 @@ def _remove_workers(
     spec: ClusterSpec,
     names: list[str],
     connected: set[str],
-    scheduler_ip: str | None,
-    token: str | None,
+    scheduler: SchedulerHttp | None,
 ) -> set[str]:
     """Delete pods that never connected; retire connected workers through the scheduler
     (it moves their data off first) and delete those it let go. Returns the deleted."""
     gone = {n for n in names if n not in connected}
     workers = [n for n in names if n in connected]
-    if workers and scheduler_ip is not None:
-        gone |= set(_retire(owner, spec, scheduler_ip, token, workers, len(workers)))
+    if workers and scheduler is not None:
+        gone |= set(_retire(owner, scheduler, workers, len(workers)))
     for pod_name in sorted(gone):
         kube.delete_pod(spec.namespace, pod_name)
     return gone
 
 
 def _retire(
-    owner: Mapping[str, Any],
-    spec: ClusterSpec,
-    scheduler_ip: str,
-    token: str | None,
-    names: list[str],
-    count: int,
+    owner: Mapping[str, Any], scheduler: SchedulerHttp, names: list[str], count: int
 ) -> list[str]:
     """Retire workers through the scheduler (their data is copied off first); returns
     those safe to stop and announces any it kept, with its reason."""
-    retired, kept = kube.retire(scheduler_ip, spec.http_port, token, names, count)
+    retired, kept = kube.retire(scheduler, names, count)
     for name, why in sorted(kept.items()):
         _warn(owner, reason="RetireDeferred", message=f"worker {name} kept: {why}")
     return retired
@@ -587,8 +582,7 @@ def _carry_out(
     spec: ClusterSpec,
     owner: Mapping[str, Any],
     todo: Plan,
-    scheduler_ip: str | None,
-    token: str | None,
+    scheduler: SchedulerHttp | None,
 ) -> list[str]:
     """Apply a plan; returns what the API server refused (quota, admission), said plainly.
     Announces what was actually done (a pod another reconcile made already is no news)."""
@@ -606,9 +600,9 @@ def _carry_out(
         except kube.ApiException as exc:
             failures.append(f"cannot create worker pod {group_name}-{index}: {kube.reason(exc)}")
     for down in todo.scale_down:
-        if scheduler_ip is None:
+        if scheduler is None:
             continue  # without the scheduler we cannot tell idle workers; try next round
-        retired = _retire(owner, spec, scheduler_ip, token, down.candidates, down.count)
+        retired = _retire(owner, scheduler, down.candidates, down.count)
         for pod_name in retired:
             kube.delete_pod(spec.namespace, pod_name)
         if retired:

@@ -6,12 +6,11 @@ import copy
 import functools
 import json
 import logging
-import urllib.error
-import urllib.request
 from base64 import b64decode
 from collections.abc import Mapping
 from typing import Any
 
+from apportion.operator.scheduler_http import SchedulerHttp
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
@@ -127,19 +126,16 @@ def read_token(namespace: str, secret: str, key: str) -> str | None:
 RETIRE_TIMEOUT = 45
 
 
-def scheduler_info(host: str, port: int, token: str | None = None) -> dict[str, Any] | None:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(f"http://{host}:{port}/api/v1/info", headers=headers)
+def scheduler_info(scheduler: SchedulerHttp) -> dict[str, Any] | None:
     try:
-        with urllib.request.urlopen(request, timeout=3) as reply:
-            return json.loads(reply.read())
+        return scheduler.call("/api/v1/info")
     except (OSError, ValueError) as exc:
-        logger.debug("scheduler at %s:%s not answering: %s", host, port, exc)
+        logger.debug("scheduler at %s not answering: %s", scheduler.base, exc)
         return None
 
 
 def retire(
-    host: str, port: int, token: str | None, names: list[str], count: int
+    scheduler: SchedulerHttp, names: list[str], count: int
 ) -> tuple[list[str], dict[str, str]]:
     """Ask the scheduler to retire ``count`` of ``names``: (workers safe to stop, workers
     it kept in service -> why).
@@ -147,16 +143,10 @@ def retire(
     The scheduler answers once their results are copied to workers that stay (up to its
     ``scheduler.retire-timeout``, 30 s by default).
     """
-    body = json.dumps({"names": names, "count": count}).encode()
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(
-        f"http://{host}:{port}/api/v1/retire", body, headers, method="POST"
-    )
     try:
-        with urllib.request.urlopen(request, timeout=RETIRE_TIMEOUT) as reply:
-            answer = json.loads(reply.read())
+        answer = scheduler.call(
+            "/api/v1/retire", {"names": names, "count": count}, timeout=RETIRE_TIMEOUT
+        )
     except (OSError, ValueError) as exc:
         # Includes a 400 for a worker that left since the scheduler was asked: next round.
         logger.warning("scheduler did not retire workers %s: %s", names, exc)

@@ -68,8 +68,9 @@ def test_the_cluster_summary_keeps_what_the_dashboard_shows() -> None:
 
 def test_an_unreachable_scheduler_does_not_fail_the_reconcile() -> None:
     from apportion.operator.scheduler_feed import send_status
+    from apportion.operator.scheduler_http import SchedulerHttp
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # nothing listens there once closed
-    assert send_status("127.0.0.1", port, "t", {"name": "x"}, timeout=2) is False
+    assert send_status(SchedulerHttp("127.0.0.1", port, "t"), {"name": "x"}, timeout=2) is False
