@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from apportion.operator.ready import probe_command
 from apportion.operator.spec import ClusterSpec, GroupSpec
 
 GROUP = "apportion.dev"
@@ -139,7 +140,7 @@ def scheduler_http(spec: ClusterSpec) -> str:
 
 # Ready means connected: the kubelet asks the scheduler whether this pod's worker is known.
 WORKER_READINESS = {
-    "exec": {"command": ["python", "-m", "apportion.operator.ready"]},
+    "exec": {"command": probe_command()},
     "periodSeconds": 5,
     "timeoutSeconds": 5,
 }

@@ -1,24 +1,37 @@
 """A worker pod's readiness probe: ready means connected to its scheduler.
 
-    python -m apportion.operator.ready
+It asks the scheduler's HTTP API (``APPORTION_SCHEDULER_HTTP``, set by the operator) which
+workers are connected and exits 0 only when this pod's worker (``POD_NAME``) is one of
+them; otherwise it exits 1 saying why, which ``kubectl describe pod`` shows. Over TLS it
+presents the worker's certificate (the ``APPORTION_COMM__TLS__*`` files the worker uses).
 
-Run by the kubelet inside the worker container (an exec probe). It asks the scheduler's
-HTTP API (``APPORTION_SCHEDULER_HTTP``, set by the operator) which workers are connected
-and exits 0 only when this pod's worker (``POD_NAME``) is one of them; otherwise it exits 1
-saying why, which ``kubectl describe pod`` shows. Imports nothing beyond the standard
-library, so each probe costs one short Python start.
+The kubelet runs it every few seconds in the worker's container, so it costs one bare
+Python start: the operator puts this file's source in the probe (``python -I -c``, see
+``probe_command``), and it imports nothing but the standard library; ``python -m
+apportion.operator.ready`` would import all of apportion first.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 import urllib.request
 
 
 def connected(info: dict, name: str) -> bool:
     return any(w.get("name") == name for w in (info.get("workers") or {}).values())
+
+
+def tls_context() -> ssl.SSLContext | None:
+    cert = os.environ.get("APPORTION_COMM__TLS__CERT_FILE")
+    if not cert:
+        return None
+    context = ssl.create_default_context(cafile=os.environ.get("APPORTION_COMM__TLS__CA_FILE"))
+    context.check_hostname = os.environ.get("APPORTION_COMM__TLS__CHECK_HOSTNAME") != "false"
+    context.load_cert_chain(cert, os.environ.get("APPORTION_COMM__TLS__KEY_FILE"))
+    return context
 
 
 def main() -> int:
@@ -31,7 +44,7 @@ def main() -> int:
         headers["Authorization"] = f"Bearer {os.environ['APPORTION_TOKEN']}"
     request = urllib.request.Request(f"{base}/api/v1/info", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=5) as reply:
+        with urllib.request.urlopen(request, timeout=5, context=tls_context()) as reply:
             info = json.loads(reply.read())
     except (OSError, ValueError) as exc:
         print(f"scheduler at {base} not answering: {exc}", file=sys.stderr)
@@ -40,6 +53,13 @@ def main() -> int:
         print(f"worker {name} is not connected to the scheduler at {base}", file=sys.stderr)
         return 1
     return 0
+
+
+def probe_command() -> list[str]:
+    """The probe's command: this file's source run by a bare interpreter (``-I``: no
+    user site, no PYTHON* variables, no current directory on the path)."""
+    with open(__file__, encoding="utf-8") as source:
+        return ["python", "-I", "-c", source.read()]
 
 
 if __name__ == "__main__":

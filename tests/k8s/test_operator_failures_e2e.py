@@ -213,7 +213,7 @@ def test_a_worker_pod_is_ready_only_once_connected(deployed: Deployment) -> None
     )
     assert not _ready(worker), "not connected, so not Ready"
     probe = worker["spec"]["containers"][0]["readinessProbe"]
-    assert probe["exec"]["command"] == ["python", "-m", "apportion.operator.ready"]
+    assert probe["exec"]["command"][:3] == ["python", "-I", "-c"]
 
     deployed.kubectl(
         "patch",

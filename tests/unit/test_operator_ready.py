@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from apportion.operator.manifests import worker_pod
+from apportion.operator.spec import parse
 
 WORKERS = {"tcp://10.0.0.1:4000": {"name": "c-gpu-0"}, "tcp://10.0.0.2:4000": {"name": "c-gpu-1"}}
 
@@ -34,15 +36,22 @@ def scheduler() -> Iterator[str]:
     server.shutdown()
 
 
-def probe(pod: str, base: str) -> subprocess.CompletedProcess[str]:
+def probe(pod: str, base: str, *options: str) -> subprocess.CompletedProcess[str]:
+    """The probe exactly as the worker pods run it (their interpreter named ``python``)."""
+    (command,) = [c for c in worker_pod_containers() if c["name"] == "worker"]
+    python, *rest = command["readinessProbe"]["exec"]["command"]
+    assert python == "python"
     env = {"POD_NAME": pod, "APPORTION_SCHEDULER_HTTP": base, "PATH": "/usr/bin:/bin"}
     return subprocess.run(
-        [sys.executable, "-m", "apportion.operator.ready"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
+        [sys.executable, *options, *rest], env=env, capture_output=True, text=True, timeout=30
     )
+
+
+def worker_pod_containers() -> list[dict]:
+    spec = parse("c", "ml", {"workerGroups": [{"name": "gpu", "replicas": 1}]})
+    owner = {"apiVersion": "apportion.dev/v1alpha1", "kind": "ResourceCluster",
+             "metadata": {"name": "c", "namespace": "ml", "uid": "u"}}  # fmt: skip
+    return worker_pod(spec, spec.groups[0], 0, owner)["spec"]["containers"]
 
 
 def test_a_connected_worker_is_ready(scheduler: str) -> None:
@@ -53,6 +62,14 @@ def test_a_worker_the_scheduler_does_not_know_is_not_ready(scheduler: str) -> No
     result = probe("c-gpu-7", scheduler)
     assert result.returncode == 1
     assert "c-gpu-7 is not connected" in result.stderr
+
+
+def test_the_probe_imports_only_the_standard_library(scheduler: str) -> None:
+    result = probe("c-gpu-1", scheduler, "-X", "importtime")
+    assert result.returncode == 0
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()}
+    assert "json" in imported and "urllib.request" in imported  # the report is complete
+    assert not {m for m in imported if m.split(".")[0] in ("apportion", "kopf", "kubernetes")}
 
 
 def test_no_scheduler_means_not_ready() -> None:
