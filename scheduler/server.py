@@ -96,7 +96,10 @@ class Scheduler:
 
             self.state.events = EventLog()  # someone can look: record for the dashboard
 
-            self._http = HTTPServer(status_app(self))
+            from apportion.protocol import tls
+
+            # With comm.tls.* the HTTP API is mutual TLS too (None: plain HTTP).
+            self._http = HTTPServer(status_app(self), ssl_options=tls.server_context())
             self._http.add_sockets(sockets)
             self.http_port = sockets[0].getsockname()[1]
         self._periodic = [

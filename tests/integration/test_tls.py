@@ -102,3 +102,32 @@ def test_cluster_runs_entirely_over_mutual_tls(tmp_path: Path) -> None:
                 Client(cluster, timeout=5)  # no client certificate: refused by mutual TLS
         finally:
             cluster.close()
+
+
+def test_the_http_api_is_mutual_tls_too(tmp_path: Path) -> None:
+    import json
+    import ssl
+    import urllib.request
+
+    pki = _write_pki(tmp_path)
+    tls = {
+        "comm.tls.ca-file": pki["ca"],
+        "comm.tls.cert-file": pki["cert"],
+        "comm.tls.key-file": pki["key"],
+    }
+    with config.set(tls):
+        cluster = LocalCluster(workers=[{"name": "a"}], http_port=0)
+        try:
+            port, token = cluster.http_port, cluster.token
+            with Client(cluster) as client:
+                client.scheduler_info()  # the worker is connected
+            url = f"https://127.0.0.1:{port}/api/v1/info"
+            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+            context = ssl.create_default_context(cafile=pki["ca"])
+            with pytest.raises(OSError):  # no client certificate
+                urllib.request.urlopen(request, timeout=10, context=context)
+            context.load_cert_chain(pki["cert"], pki["key"])
+            with urllib.request.urlopen(request, timeout=10, context=context) as reply:
+                assert "a" in {w["name"] for w in json.loads(reply.read())["workers"].values()}
+        finally:
+            cluster.close()
