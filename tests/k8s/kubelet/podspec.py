@@ -9,11 +9,13 @@ import socket
 import ssl
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..api import Client
 
 Obj = dict[str, Any]
+Mount = tuple[Path, str]  # a folder of the pod's, and where the container sees it
 
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
@@ -62,6 +64,27 @@ def _config_data(client: Client, namespace: str, kind: str, name: str) -> dict[s
     if kind == "secrets":
         return {k: base64.b64decode(v).decode() for k, v in obj.get("data", {}).items()}
     return dict(obj.get("data", {}))
+
+
+def secret_mounts(pod: Obj, container: Obj, pod_dir: Path, client: Client) -> list[Mount]:
+    """The container's Secret volumes, their files written under the pod's folder (each
+    key a file, or the volume's ``items``): (folder, mountPath) pairs, mounted read-only.
+    A missing Secret raises (the container waits, as the kubelet's FailedMount)."""
+    volumes = {v["name"]: v["secret"] for v in pod["spec"].get("volumes", []) if "secret" in v}
+    mounts = []
+    for mount in container.get("volumeMounts", []):
+        if mount["name"] not in volumes:
+            continue
+        source = volumes[mount["name"]]
+        data = _config_data(client, pod["metadata"]["namespace"], "secrets", source["secretName"])
+        items = source.get("items") or [{"key": k, "path": k} for k in data]
+        folder = pod_dir / "volumes" / mount["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            (folder / item["path"]).write_text(data[item["key"]])
+            (folder / item["path"]).chmod(0o644)
+        mounts.append((folder, mount["mountPath"]))
+    return mounts
 
 
 def container_env(

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from .. import procs
 from ..api import ApiError, Client, pod_path
 from .nodes import NODE_IP, now
-from .podspec import container_command, container_env, probe_ok
+from .podspec import Mount, container_command, container_env, probe_ok, secret_mounts
 from .runtime import ImageMissing, Launch, Runtime, Started
 from .serviceaccount import TokenVolume
 
@@ -81,6 +81,7 @@ class Container:
     done: bool = False  # terminated for good (no restart coming)
     probe: Probe = field(default_factory=lambda: Probe(None))  # readiness
     liveness: Probe = field(default_factory=lambda: Probe(None))
+    mounts: list[Mount] = field(default_factory=list)  # its Secret volumes
 
     @property
     def name(self) -> str:
@@ -239,6 +240,7 @@ class PodRunner(threading.Thread):
         try:
             env = container_env(pod, c.spec, self.ctx.base_env(pod), self.ctx.client)
             command, args = container_command(c.spec, env)
+            c.mounts = secret_mounts(pod, c.spec, self.dir, self.ctx.client)
             self._warn_unmounted(c)
             launch = Launch(
                 pod=pod,
@@ -251,6 +253,7 @@ class PodRunner(threading.Thread):
                 token_dir=self._token_dir,
                 pod_dir=self.dir,
                 log=self.dir / f"{c.name}.log",
+                mounts=c.mounts,
             )
             c.name_in_runtime = launch.name
             c.started = runtime.start(launch)
@@ -298,6 +301,7 @@ class PodRunner(threading.Thread):
     def _warn_unmounted(self, c: Container) -> None:
         """Logs, once per container, the volume mounts its runtime does not provide."""
         provided = {"kube-api-access-"}  # the injected service-account token
+        provided |= {v["name"] for v in self.pod["spec"].get("volumes", []) if "secret" in v}
         if self.ctx.runtime.mode == "containers":
             provided |= {v["name"] for v in self.pod["spec"].get("volumes", []) if "emptyDir" in v}
         ignored = [
@@ -340,7 +344,7 @@ class PodRunner(threading.Thread):
                 pod = self.pod
             runtime = self.ctx.runtime
             env = container_env(pod, c.spec, self.ctx.base_env(pod), self.ctx.client)
-            exec_argv = runtime.exec_argv(c.name_in_runtime, self.hosts, self._token_dir)
+            exec_argv = runtime.exec_argv(c.name_in_runtime, self.hosts, self._token_dir, c.mounts)
             verdict = probe.observe(
                 probe_ok(
                     probe.spec,

@@ -13,16 +13,20 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Protocol
 
 from .. import procs
+from .podspec import Mount
 from .serviceaccount import MOUNT_PATH
+
+NO_MOUNTS: list[Mount] = []
 
 log = logging.getLogger("kubelet.runtime")
 
@@ -59,6 +63,7 @@ class Launch:
     token_dir: Path | None  # the service-account folder, when the pod gets one
     pod_dir: Path
     log: Path
+    mounts: list[Mount] = field(default_factory=list)  # Secret volumes, read-only
 
 
 @dataclass
@@ -84,7 +89,9 @@ class Runtime(Protocol):
     def start(self, launch: Launch) -> Started: ...
     def signal(self, name: str, proc: subprocess.Popen[bytes], sig: int) -> None: ...
     def remove(self, name: str) -> None: ...
-    def exec_argv(self, name: str, hosts: Path, token_dir: Path | None) -> list[str]: ...
+    def exec_argv(
+        self, name: str, hosts: Path, token_dir: Path | None, mounts: list[Mount] = ...
+    ) -> list[str]: ...
     def exec_env(self, pod_env: dict[str, str]) -> dict[str, str]: ...
     def exec_timeout(self, seconds: float) -> float: ...
     def failed_to_start(self, exit_code: int) -> bool: ...
@@ -152,6 +159,8 @@ def _mounts(launch: Launch) -> list[str]:
         source = launch.pod_dir / "volumes" / mount["name"] / mount.get("subPath", "")
         mode = ":ro" if mount.get("readOnly") else ""
         options += ["-v", f"{source}:{mount['mountPath']}{mode}"]
+    for folder, path in launch.mounts:
+        options += ["-v", f"{folder}:{path}:ro"]
     return options
 
 
@@ -251,7 +260,9 @@ class PodmanRuntime:
     def remove(self, name: str) -> None:
         self._podman("rm", "--force", "--ignore", "--time", "0", name, check=False)
 
-    def exec_argv(self, name: str, hosts: Path, token_dir: Path | None) -> list[str]:
+    def exec_argv(
+        self, name: str, hosts: Path, token_dir: Path | None, mounts: list[Mount] = NO_MOUNTS
+    ) -> list[str]:
         return ["podman", "exec", name]
 
     def exec_env(self, pod_env: dict[str, str]) -> dict[str, str]:
@@ -296,20 +307,21 @@ class ProcessRuntime:
     def __init__(self, unshare: list[str] | None) -> None:
         self.unshare = unshare
 
-    def exec_argv(self, name: str, hosts: Path, token_dir: Path | None) -> list[str]:
+    def exec_argv(
+        self, name: str, hosts: Path, token_dir: Path | None, mounts: list[Mount] = NO_MOUNTS
+    ) -> list[str]:
         if self.unshare is None:
             return []
+        binds = [f"mount --bind {shlex.quote(str(hosts))} /etc/hosts"]
+        if token_dir is not None:
+            binds.append(f"mount --bind -o ro {shlex.quote(str(token_dir))} {MOUNT_PATH}")
+        for folder, path in mounts:
+            # The mount point must exist on the host (an empty folder, left in place).
+            Path(path).mkdir(parents=True, exist_ok=True)
+            binds.append(f"mount --bind -o ro {shlex.quote(str(folder))} {shlex.quote(path)}")
         # `exec` keeps the pod's command as the process whose PID we track.
-        if token_dir is None:
-            script, args = 'mount --bind "$0" /etc/hosts && exec "$@"', [str(hosts)]
-        else:
-            script = (
-                'mount --bind "$0" /etc/hosts'
-                f' && mount --bind -o ro "$1" {MOUNT_PATH}'
-                ' && shift && exec "$@"'
-            )
-            args = [str(hosts), str(token_dir)]
-        return ["unshare", *self.unshare, "--", "/bin/sh", "-c", script, *args]
+        script = " && ".join([*binds, 'exec "$@"'])
+        return ["unshare", *self.unshare, "--", "/bin/sh", "-c", script, "sh"]
 
     def start(self, launch: Launch) -> Started:
         argv = [*launch.command, *launch.args]
@@ -321,7 +333,7 @@ class ProcessRuntime:
         cwd = launch.spec.get("workingDir")
         cwd = cwd if cwd and Path(cwd).is_dir() else str(launch.pod_dir)
         proc = procs.start(
-            [*self.exec_argv(launch.name, launch.hosts, launch.token_dir), *argv],
+            [*self.exec_argv(launch.name, launch.hosts, launch.token_dir, launch.mounts), *argv],
             launch.log,
             env=launch.env,
             cwd=Path(cwd),
