@@ -16,12 +16,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
+import tempfile
 import time
 from base64 import b64decode
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from apportion import config
 from apportion.protocol.comm import parse_address
 from apportion.reprs import dashboard_link
 
@@ -103,10 +106,17 @@ class KubeCluster:
         timeout: float = 300.0,
         kubeconfig: str | None = None,
         create: bool = True,
+        tls: bool | str = False,
     ) -> None:
+        """``tls``: True for mutual TLS with a certificate the operator makes, or the name
+        of a Secret of yours (``ca.crt``, ``tls.crt``, ``tls.key``, e.g. cert-manager's).
+        This process's clients then use the cluster's certificate (``comm.tls.*``)."""
         self.name = name
         self.namespace = namespace
         self.timeout = timeout
+        # The comm.tls.* values before this cluster's, restored by close(); its files.
+        self._tls_before: dict[str, Any] | None = None
+        self._tls_folder = ""
         self._custom, self._core = _apis(kubeconfig)
         if create:
             spec: dict[str, Any] = {"workerGroups": [dict(g) for g in worker_groups or []]}
@@ -116,6 +126,10 @@ class KubeCluster:
                 spec["resourceMap"] = resource_map
             if scheduler:
                 spec["scheduler"] = scheduler
+            if tls:
+                spec["tls"] = {"enabled": True}
+                if isinstance(tls, str):
+                    spec["tls"]["secretName"] = tls
             body = {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "ResourceCluster",
@@ -129,6 +143,8 @@ class KubeCluster:
         self._address: str | None = None
         self._wait(self._all_connected, "all workers connected")
         self.token = self._read_token()
+        if str(self.status.get("schedulerAddress", "")).startswith("tls://"):
+            self._use_tls()
 
     @classmethod
     def from_name(cls, name: str, namespace: str = "default", **kwargs: Any) -> KubeCluster:
@@ -203,19 +219,53 @@ class KubeCluster:
             ) from None
         return b64decode(secret.data["token"]).decode()
 
+    def _use_tls(self) -> None:
+        """Write the cluster's certificate where only this user can read it and point this
+        process's comm.tls.* settings at it (undone by close())."""
+        from kubernetes.client.exceptions import ApiException
+
+        tls = self.resource()["spec"].get("tls") or {}
+        name = tls.get("secretName") or f"{self.name}-tls"
+        try:
+            secret = self._core.read_namespaced_secret(name, self.namespace)
+        except ApiException as exc:
+            raise KubeClusterError(
+                f"cannot read the TLS Secret {self.namespace}/{name} of {self.name}: "
+                f"{_api_message(exc)}",
+                exc.status,
+            ) from None
+        folder = tempfile.mkdtemp(prefix=f"apportion-tls-{self.name}-")  # mode 0700
+        paths = {}
+        for key in ("ca.crt", "tls.crt", "tls.key"):
+            paths[key] = os.path.join(folder, key)
+            with open(paths[key], "wb") as out:
+                out.write(b64decode((secret.data or {}).get(key) or ""))
+        self._tls_folder = folder
+        settings = {
+            "comm.tls.ca-file": paths["ca.crt"],
+            "comm.tls.cert-file": paths["tls.crt"],
+            "comm.tls.key-file": paths["tls.key"],
+            # From outside the scheduler is reached by its pod's IP, which the certificate
+            # does not name; the cluster's CA is checked all the same.
+            "comm.tls.check-hostname": bool(os.environ.get("KUBERNETES_SERVICE_HOST")),
+        }
+        self._tls_before = {key: config.get(key, None) for key in settings}
+        config.set(settings)
+
     def _reachable_address(self) -> str:
         """The Service name inside the cluster; from outside, the scheduler pod's IP."""
         service_address = str(self.status["schedulerAddress"])
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             return service_address
         _, port = parse_address(service_address)
+        scheme = service_address.split("://", 1)[0]
         selector = f"app.kubernetes.io/instance={self.name},app.kubernetes.io/component=scheduler"
         with _explained("list the scheduler pods of", self.name, self.namespace):
             pods = self._core.list_namespaced_pod(self.namespace, label_selector=selector).items
         for pod in pods:
             ip = pod.status.pod_ip
             if ip and not pod.metadata.deletion_timestamp and _can_connect(ip, port):
-                return f"tcp://{ip}:{port}"
+                return f"{scheme}://{ip}:{port}"
         raise ConnectionError(
             f"the scheduler of {self.name} is not reachable from here (pod IPs do not route "
             f"to this machine): run the client inside the cluster, or forward the port with "
@@ -313,6 +363,11 @@ class KubeCluster:
             if exc.status != 404:
                 with _explained("delete", self.name, self.namespace):
                     raise
+        finally:
+            if self._tls_before is not None:
+                config.set(self._tls_before)
+                self._tls_before = None
+                shutil.rmtree(self._tls_folder, ignore_errors=True)
 
     def __enter__(self) -> KubeCluster:
         return self

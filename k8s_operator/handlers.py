@@ -21,13 +21,16 @@ import json
 import logging
 import os
 import random
+import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, cast
 
 import kopf
-from apportion.operator import kube, metrics
+from apportion.operator import kube, metrics, tls
 from apportion.operator.autoscale import Scaling, decide, observe, unmet_demand
 from apportion.operator.groups import sync
 from apportion.operator.manifests import (
@@ -43,6 +46,7 @@ from apportion.operator.manifests import (
     scheduler_deployment,
     scheduler_service,
     secret_name,
+    tls_secret,
     token_secret,
     worker_group_object,
     worker_pod,
@@ -77,6 +81,8 @@ _locks_guard = threading.Lock()
 _applied: dict[tuple[str, str], str] = {}
 # Each cluster's token, read (or created) once per operator process.
 _tokens: dict[str, str | None] = {}
+# Each TLS cluster's context for the operator's calls, by (uid, digest of the Secret).
+_tls_contexts: dict[tuple[str, str], ssl.SSLContext] = {}
 # The last problem announced per (cluster uid, Event reason): a reconcile that started from
 # an older body (the timer's, queued behind a change) must not announce it again.
 _announced: dict[tuple[str, str], str] = {}
@@ -321,6 +327,8 @@ def _reconcile(
     if problem is None and _sync_worker_groups(spec, body, generation or 0, handles):
         return  # the cluster's spec changed: its update reconciles it next
     token = _ensure_token(spec, body)
+    tls_context, tls_problems, tls_digest = _ensure_tls(spec, body)
+    spec = dataclasses.replace(spec, tls_digest=tls_digest)
     existing = set(indexes["scheduler_deployments"].get((namespace, name), ())) | set(
         indexes["scheduler_services"].get((namespace, name), ())
     )
@@ -334,7 +342,9 @@ def _reconcile(
             if p["metadata"]["labels"].get("app.kubernetes.io/component") == "scheduler"
         ]
     )
-    scheduler = SchedulerHttp(scheduler_ip, spec.http_port, token) if scheduler_ip else None
+    scheduler = (
+        SchedulerHttp(scheduler_ip, spec.http_port, token, tls_context) if scheduler_ip else None
+    )
     info = kube.scheduler_info(scheduler) if scheduler else None
     pods = [
         p for p in mine if p["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
@@ -375,6 +385,15 @@ def _reconcile(
         status,
         condition(previous, "Reconciled", True, "ReconcileSucceeded", "reconciled", _now()),
     )
+    if spec.tls:
+        ok = not tls_problems
+        why = "; ".join(tls_problems) or f"certificate from Secret {tls.tls_secret_name(spec)}"
+        reason = "CertificateReady" if ok else "CertificateUnusable"
+        status = with_condition(status, condition(previous, "TLSReady", ok, reason, why, _now()))
+        if ok:
+            _forget(body, "CertificateUnusable")
+        else:
+            _announce_once(body, previous, "TLSReady", "CertificateUnusable", why)
     status["appliedSpec"] = applied
     _forget(body, "ReconcileFailed")
     _report_worker_groups(spec, handles, status)
@@ -568,6 +587,49 @@ def _ensure_token(spec: ClusterSpec, owner: Mapping[str, Any]) -> str | None:
             token = kube.read_token(spec.namespace, secret_name(spec), TOKEN_KEY)
         _tokens[uid] = token
     return _tokens[uid]
+
+
+def _ensure_tls(
+    spec: ClusterSpec, owner: Mapping[str, Any]
+) -> tuple[ssl.SSLContext | None, list[str], str]:
+    """For a TLS cluster: the operator's own TLS context for the scheduler's HTTP API (the
+    cluster's certificate), why workers could not connect with the Secret's certificate
+    (empty when they can), and the certificate's digest. Makes the Secret (a new CA and
+    certificate) once, unless the spec names one."""
+    if not spec.tls:
+        return None, [], ""
+    name = tls.tls_secret_name(spec)
+    data = kube.read_secret(spec.namespace, name)
+    if data is None and spec.tls_secret_name is None:
+        pem = tls.make_certificates(spec, datetime.datetime.now(datetime.timezone.utc))
+        kube.create_if_absent(tls_secret(spec, owner, pem))
+        data = kube.read_secret(spec.namespace, name)
+    if data is None:
+        missing = (
+            f"TLS Secret {spec.namespace}/{name} not found: create it (e.g. a cert-manager "
+            f"Certificate with secretName {name}) or remove spec.tls.secretName"
+        )
+        return None, [missing], ""
+    found = tls.problems(spec, data, datetime.datetime.now(datetime.timezone.utc))
+    context = None if found else _tls_context(owner["metadata"]["uid"], data)
+    return context, found, tls.digest(data)
+
+
+def _tls_context(uid: str, data: Mapping[str, str]) -> ssl.SSLContext:
+    """An SSL context presenting the cluster's certificate, kept per cluster until the
+    Secret's content changes (ssl loads certificates only from files)."""
+    key = (uid, hashlib.sha256(json.dumps(dict(data), sort_keys=True).encode()).hexdigest())
+    if key not in _tls_contexts:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=data[tls.CA_KEY])
+        context.check_hostname = False  # the scheduler pod is reached by its IP
+        with tempfile.TemporaryDirectory() as folder:
+            cert, private = Path(folder, "tls.crt"), Path(folder, "tls.key")
+            cert.write_text(data[tls.CERT_KEY])
+            private.touch(mode=0o600)
+            private.write_text(data[tls.KEY_KEY])
+            context.load_cert_chain(cert, private)
+        _tls_contexts[key] = context
+    return _tls_contexts[key]
 
 
 def _scheduler_ip(scheduler_pods: list[dict[str, Any]]) -> str | None:

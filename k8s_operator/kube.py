@@ -111,15 +111,19 @@ def refused(manifest: Mapping[str, Any]) -> str | None:
     return None
 
 
-def read_token(namespace: str, secret: str, key: str) -> str | None:
+def read_secret(namespace: str, secret: str) -> dict[str, str] | None:
+    """A Secret's keys, decoded; None when there is no such Secret."""
     try:
         found = client.CoreV1Api(api_client()).read_namespaced_secret(secret, namespace)
     except ApiException as exc:
         if exc.status == 404:
             return None
         raise
-    value = (found.data or {}).get(key)
-    return b64decode(value).decode() if value else None
+    return {k: b64decode(v).decode() for k, v in (found.data or {}).items() if v}
+
+
+def read_token(namespace: str, secret: str, key: str) -> str | None:
+    return (read_secret(namespace, secret) or {}).get(key)
 
 
 # Above the scheduler's default retire-timeout (30 s): it answers by then at the latest.

@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from apportion.operator import tls
 from apportion.operator.ready import probe_command
 from apportion.operator.spec import ClusterSpec, GroupSpec
 
@@ -82,6 +83,18 @@ def token_secret(spec: ClusterSpec, owner: Mapping[str, Any], token: str) -> Man
     }
 
 
+def tls_secret(spec: ClusterSpec, owner: Mapping[str, Any], pem: Mapping[str, str]) -> Manifest:
+    """The cluster's CA and certificate (``tls.make_certificates``), as cert-manager
+    would write them."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(spec, tls.tls_secret_name(spec), owner, "tls"),
+        "type": "kubernetes.io/tls",
+        "stringData": dict(pem),
+    }
+
+
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -123,9 +136,19 @@ def _merge_pod(template: Mapping[str, Any], generated: Manifest, container_name:
             resources[kind] = {**resources.get(kind, {}), **wanted}
     if resources:
         container["resources"] = resources
+    if "volumeMounts" in ours:
+        container["volumeMounts"] = _by_name(mine.get("volumeMounts"), ours["volumeMounts"])
     sidecars = [c for c in their_containers if c is not mine]
     merged["spec"] = {**theirs, **merged["spec"], "containers": [container, *sidecars]}
+    if "volumes" in generated["spec"]:
+        merged["spec"]["volumes"] = _by_name(theirs.get("volumes"), generated["spec"]["volumes"])
     return merged
+
+
+def _by_name(theirs: list[dict[str, Any]] | None, ours: list[dict[str, Any]]) -> list[Any]:
+    """Their entries (volumes, mounts) and ours; ours replace theirs of the same name."""
+    names = {entry["name"] for entry in ours}
+    return [e for e in theirs or [] if e.get("name") not in names] + copy.deepcopy(ours)
 
 
 def _pull_secrets(spec: ClusterSpec) -> dict[str, Any]:
@@ -135,7 +158,23 @@ def _pull_secrets(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def scheduler_http(spec: ClusterSpec) -> str:
-    return f"http://{spec.scheduler_service}.{spec.namespace}.svc:{spec.http_port}"
+    scheme = "https" if spec.tls else "http"
+    return f"{scheme}://{spec.scheduler_service}.{spec.namespace}.svc:{spec.http_port}"
+
+
+def _with_tls(
+    spec: ClusterSpec, pod: Manifest, container: dict[str, Any], check_hostname: bool
+) -> None:
+    """Mount the cluster's certificate into the pod's container and point the engine's
+    comm.tls.* settings at it (every connection, the HTTP API included, is then mutual TLS)."""
+    if not spec.tls:
+        return
+    pod["spec"]["volumes"] = [tls.volume(spec)]
+    container["volumeMounts"] = [dict(tls.MOUNT)]
+    container["env"] += tls.env(check_hostname)
+    if spec.tls_digest:
+        annotations = pod["metadata"].setdefault("annotations", {})
+        annotations[tls.DIGEST_ANNOTATION] = spec.tls_digest
 
 
 # Ready means connected: the kubelet asks the scheduler whether this pod's worker is known.
@@ -169,8 +208,14 @@ def scheduler_deployment(spec: ClusterSpec, owner: Mapping[str, Any]) -> Manifes
             {"name": "comm", "containerPort": spec.port},
             {"name": "http-status", "containerPort": spec.http_port},
         ],
+        # Over mutual TLS the kubelet, which has no client certificate, can only see the
+        # port open.
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": spec.http_port},
+            **(
+                {"tcpSocket": {"port": spec.http_port}}
+                if spec.tls
+                else {"httpGet": {"path": "/health", "port": spec.http_port}}
+            ),
             "periodSeconds": 2,
         },
     }
@@ -178,6 +223,7 @@ def scheduler_deployment(spec: ClusterSpec, owner: Mapping[str, Any]) -> Manifes
         "metadata": {"labels": labels(spec, "scheduler")},
         "spec": {"containers": [container], **_pull_secrets(spec)},
     }
+    _with_tls(spec, pod, container, check_hostname=True)
     pod = _merge_pod(spec.scheduler_template, pod, "scheduler")
     return {
         "apiVersion": "apps/v1",
@@ -222,6 +268,9 @@ def group_hash(spec: ClusterSpec, group: GroupSpec) -> str:
     }
     if spec.image_pull_secrets:  # only when set: existing pods keep their hash otherwise
         relevant["pullSecrets"] = list(spec.image_pull_secrets)
+    if spec.tls:
+        relevant["tlsSecret"] = tls.tls_secret_name(spec)
+        relevant["tlsDigest"] = spec.tls_digest
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -282,6 +331,7 @@ def worker_pod(
         },
         "spec": {"restartPolicy": "Always", "containers": [container], **_pull_secrets(spec)},
     }
+    _with_tls(spec, generated, container, check_hostname=False)  # peers are reached by IP
     return _merge_pod(group.template, generated, "worker")
 
 

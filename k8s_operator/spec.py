@@ -85,6 +85,12 @@ class ClusterSpec:
     resource_map: dict[str, str]
     groups: list[GroupSpec]
     image_pull_secrets: tuple[str, ...] = ()
+    tls: bool = False
+    # The Secret (ca.crt, tls.crt, tls.key) the user names; None: the operator makes one.
+    tls_secret_name: str | None = None
+    # A digest of the Secret's certificate, filled in by the operator once it has read the
+    # Secret: pods load certificates at start, so a new one (a renewal) replaces them.
+    tls_digest: str = ""
 
     @property
     def scheduler_service(self) -> str:
@@ -92,7 +98,8 @@ class ClusterSpec:
 
     @property
     def scheduler_address(self) -> str:
-        return f"tcp://{self.scheduler_service}.{self.namespace}.svc:{self.port}"
+        scheme = "tls" if self.tls else "tcp"
+        return f"{scheme}://{self.scheduler_service}.{self.namespace}.svc:{self.port}"
 
     def group(self, name: str) -> GroupSpec | None:
         return next((g for g in self.groups if g.name == name), None)
@@ -294,6 +301,9 @@ def parse(
     if problems:
         raise InvalidSpec("; ".join(problems))
     pull_secrets = spec.get("imagePullSecrets")
+    tls = spec.get("tls") or {}
+    if tls.get("secretName") and not tls.get("enabled"):
+        raise InvalidSpec("tls.secretName needs tls.enabled: true")
     return ClusterSpec(
         name=name,
         namespace=namespace,
@@ -311,4 +321,6 @@ def parse(
         scheduler_template=dict(scheduler.get("template") or {}),
         resource_map=resource_map,
         groups=groups,
+        tls=bool(tls.get("enabled")),
+        tls_secret_name=tls.get("secretName") or None,
     )
