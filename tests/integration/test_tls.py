@@ -75,13 +75,17 @@ def _write_pki(directory: Path) -> dict[str, str]:
     return {name: str(path) for name, path in paths.items()}
 
 
-def test_cluster_runs_entirely_over_mutual_tls(tmp_path: Path) -> None:
-    pki = _write_pki(tmp_path)
-    tls = {
+def _settings(pki: dict[str, str]) -> dict[str, str]:
+    return {
         "comm.tls.ca-file": pki["ca"],
         "comm.tls.cert-file": pki["cert"],
         "comm.tls.key-file": pki["key"],
     }
+
+
+def test_cluster_runs_entirely_over_mutual_tls(tmp_path: Path) -> None:
+    pki = _write_pki(tmp_path)
+    tls = _settings(pki)
     with config.set(tls):
         cluster = LocalCluster(workers=[{"name": "a"}, {"name": "b", "resources": {"GPU": 1}}])
         try:
@@ -110,11 +114,7 @@ def test_the_http_api_is_mutual_tls_too(tmp_path: Path) -> None:
     import urllib.request
 
     pki = _write_pki(tmp_path)
-    tls = {
-        "comm.tls.ca-file": pki["ca"],
-        "comm.tls.cert-file": pki["cert"],
-        "comm.tls.key-file": pki["key"],
-    }
+    tls = _settings(pki)
     with config.set(tls):
         cluster = LocalCluster(workers=[{"name": "a"}], http_port=0)
         try:
