@@ -83,6 +83,9 @@ _applied: dict[tuple[str, str], str] = {}
 _tokens: dict[str, str | None] = {}
 # Each TLS cluster's context for the operator's calls, by (uid, digest of the Secret).
 _tls_contexts: dict[tuple[str, str], ssl.SSLContext] = {}
+# Each TLS cluster's Secret as last read: (uid, Secret name) -> (monotonic time, keys).
+_tls_reads: dict[tuple[str, str], tuple[float, dict[str, str] | None]] = {}
+TLS_REREAD = 30.0
 # The last problem announced per (cluster uid, Event reason): a reconcile that started from
 # an older body (the timer's, queued behind a change) must not announce it again.
 _announced: dict[tuple[str, str], str] = {}
@@ -599,11 +602,11 @@ def _ensure_tls(
     if not spec.tls:
         return None, [], ""
     name = tls.tls_secret_name(spec)
-    data = kube.read_secret(spec.namespace, name)
+    data = _read_tls_secret(spec, owner["metadata"]["uid"])
     if data is None and spec.tls_secret_name is None:
         pem = tls.make_certificates(spec, datetime.datetime.now(datetime.timezone.utc))
         kube.create_if_absent(tls_secret(spec, owner, pem))
-        data = kube.read_secret(spec.namespace, name)
+        data = _read_tls_secret(spec, owner["metadata"]["uid"])
     if data is None:
         missing = (
             f"TLS Secret {spec.namespace}/{name} not found: create it (e.g. a cert-manager "
@@ -613,6 +616,18 @@ def _ensure_tls(
     found = tls.problems(spec, data, datetime.datetime.now(datetime.timezone.utc))
     context = None if found else _tls_context(owner["metadata"]["uid"], data)
     return context, found, tls.digest(data)
+
+
+def _read_tls_secret(spec: ClusterSpec, uid: str) -> dict[str, str] | None:
+    """The cluster's TLS Secret, read again at most every TLS_REREAD seconds once found
+    (soon enough to roll the pods onto a renewed certificate, without a GET per
+    reconcile)."""
+    name = tls.tls_secret_name(spec)
+    read_at, data = _tls_reads.get((uid, name), (0.0, None))
+    if data is None or time.monotonic() - read_at > TLS_REREAD:
+        data = kube.read_secret(spec.namespace, name)
+        _tls_reads[(uid, name)] = (time.monotonic(), data)
+    return data
 
 
 def _tls_context(uid: str, data: Mapping[str, str]) -> ssl.SSLContext:
