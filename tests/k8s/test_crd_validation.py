@@ -213,6 +213,18 @@ def test_scheduler_ports_must_differ(crd: Cluster, k8s_namespace: str) -> None:
     assert "scheduler.port and scheduler.httpPort must differ" in result.stderr, result.stderr
 
 
+def test_a_tls_secret_name_needs_tls_enabled(crd: Cluster, k8s_namespace: str) -> None:
+    spec = {"tls": {"secretName": "my-cert"}}
+    manifest = yaml.safe_dump(resource_cluster("half-tls", spec))
+    result = crd.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=manifest, check=False)
+    assert result.returncode != 0, result.stdout
+    assert "tls.secretName needs tls.enabled true" in result.stderr, result.stderr
+    spec = {"tls": {"enabled": True, "secretName": "my-cert"}}
+    crd.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=yaml.safe_dump(
+        resource_cluster("half-tls", spec)))  # fmt: skip
+    assert get_rc(crd, "half-tls", k8s_namespace)["spec"]["tls"] == spec["tls"]
+
+
 def test_a_misspelt_template_field_is_refused_not_dropped(crd: Cluster, k8s_namespace: str) -> None:
     """kubectl validates strictly against the CRD's pod-template schema."""
     template = {"spec": {"nodeSelecter": {"apportion.dev/node-type": "gpu"}}}
@@ -241,8 +253,11 @@ def test_kubectl_explain_documents_every_spec_field(crd: Cluster) -> None:
         "scheduler",
         "resourceMap",
         "workerGroups",
+        "tls",
     ):
         assert field in spec, spec
+    tls = crd.kubectl("explain", "resourcecluster.spec.tls").stdout
+    assert "secretName" in tls and "<no description>" not in tls, tls
     group = crd.kubectl("explain", "resourcecluster.spec.workerGroups").stdout
     assert "<no description>" not in group, group
     pod = crd.kubectl("explain", "resourcecluster.spec.workerGroups.template.spec").stdout
