@@ -190,6 +190,33 @@ def on_change(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
         reconcile(body, patch, kwargs)
 
 
+def _deleted(type: str | None, **_: Any) -> bool:
+    return type == "DELETED"
+
+
+# Only DELETED events call it: kopf logs every handler it calls, and a status patch is an
+# event too.
+@kopf.on.event(GROUP, VERSION, PLURAL, when=_deleted)
+def on_event(type: str | None, uid: str | None, **_: Any) -> None:
+    """A cluster's watch event: kopf calls these without a finalizer, so a deleted cluster
+    is seen here (there is no delete handler, on purpose: see _no_finalizers)."""
+    if type == "DELETED" and uid:
+        forget(uid)
+
+
+def forget(uid: str) -> None:
+    """Drop everything this process kept for a cluster that is gone (else each cluster
+    ever created would stay in these caches for the operator's lifetime)."""
+    with _locks_guard:
+        _locks.pop(uid, None)
+    _tokens.pop(uid, None)
+    caches: list[dict[Any, Any]] = [_applied, _tls_contexts, _tls_reads, _announced]
+    for cache in caches:
+        for key in list(cache):  # a snapshot: reconciles of other clusters run meanwhile
+            if key[0] == uid:
+                cache.pop(key, None)
+
+
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL)
 def on_timer(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
     with metrics.reconciling():
@@ -635,6 +662,8 @@ def _tls_context(uid: str, data: Mapping[str, str]) -> ssl.SSLContext:
     Secret's content changes (ssl loads certificates only from files)."""
     key = (uid, hashlib.sha256(json.dumps(dict(data), sort_keys=True).encode()).hexdigest())
     if key not in _tls_contexts:
+        for stale in [k for k in list(_tls_contexts) if k[0] == uid]:
+            _tls_contexts.pop(stale, None)  # a renewed certificate replaces the old context
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=data[tls.CA_KEY])
         context.check_hostname = False  # the scheduler pod is reached by its IP
         with tempfile.TemporaryDirectory() as folder:
