@@ -217,6 +217,9 @@ def scheduler_deployment(spec: ClusterSpec, owner: Mapping[str, Any]) -> Manifes
                 else {"httpGet": {"path": "/health", "port": spec.http_port}}
             ),
             "periodSeconds": 2,
+            # Not the default 1 s: a busy node (many clusters starting at once) answers late,
+            # and an unready scheduler drops out of its Service, so no worker can reach it.
+            "timeoutSeconds": 5,
         },
     }
     pod = {

@@ -194,6 +194,7 @@ def test_scheduler_ports_probe_and_service_agree(port: int, http_port: int) -> N
     assert args[args.index("--host") + 1] == "0.0.0.0"
     assert {p["containerPort"] for p in c["ports"]} == {port, http_port}
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": http_port}
+    assert c["readinessProbe"]["timeoutSeconds"] >= 5  # the default 1 s fails on busy nodes
     service = scheduler_service(spec, OWNER)
     assert service["metadata"]["name"] == "pipeline-scheduler"
     ports = service["spec"]["ports"]
