@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from apportion.scheduler.adoption import AdoptionMixin
 from apportion.scheduler.events import EventLog
 from apportion.scheduler.model import (
     ACTIVE,
@@ -33,6 +34,7 @@ from apportion.scheduler.placement import (
     pick_reservation,
     pick_worker,
 )
+from apportion.scheduler.recovery import WorkerReport
 from apportion.scheduler.retirement import RetirementMixin, bytes_held, in_service_first
 
 from apportion import config
@@ -45,7 +47,7 @@ logger = logging.getLogger("apportion.scheduler")
 Message = dict[str, Any]
 
 
-class SchedulerState(RetirementMixin):
+class SchedulerState(RetirementMixin, AdoptionMixin):
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.tasks: dict[str, TaskState] = {}
@@ -92,6 +94,7 @@ class SchedulerState(RetirementMixin):
         timeout = config.get("scheduler.no-worker-timeout")
         self.no_worker_timeout: float | None = None if timeout is None else float(timeout)
         self._init_retirements(float(config.get("scheduler.retire-timeout")))
+        self._init_recovery(float(config.get("scheduler.recovery-wait")))
         # What happened, for the dashboard and /metrics: set only where someone can look.
         self.events: EventLog | None = None
 
@@ -144,7 +147,8 @@ class SchedulerState(RetirementMixin):
         for ts in wanted:
             self._release_if_unneeded(ts)
 
-    def handle_submit(self, client: str, specs: list[Message]) -> None:
+    def handle_submit(self, client: str, specs: list[Message], recover: bool = False) -> None:
+        """Register tasks ``client`` wants; ``recover``: re-registered after a restart."""
         new: list[TaskState] = []
         tasks = self.tasks
         shapes = self._shapes
@@ -156,6 +160,11 @@ class SchedulerState(RetirementMixin):
             ts = tasks.get(key)
             if ts is not None:
                 ts.who_wants = self._with(ts.who_wants, client)
+                if recover or not ts.func:
+                    self._claim(client, ts, spec)
+                    if recover and ts.state == "released" and self.recovering():
+                        self._deferred.append(ts)
+                        continue
                 self._report_existing(client, ts)
                 continue
             resources = spec.get("resources")
@@ -216,6 +225,9 @@ class SchedulerState(RetirementMixin):
         # (already so when no task has a priority: seq follows the order of the batch).
         if urgent:
             new.sort(key=lambda t: (-t.priority, t.seq))
+        if recover and self.recovering():
+            self._deferred.extend(new)
+            return
         for ts in new:
             if ts.dependencies:
                 self._ensure_computed(ts)
@@ -266,7 +278,9 @@ class SchedulerState(RetirementMixin):
         resources: dict[str, float],
         memory_limit: int | None = None,
         info: dict[str, Any] | None = None,
+        report: WorkerReport | None = None,
     ) -> WorkerState:
+        """A worker joins; ``report``: what it brings from before a scheduler restart."""
         ws = WorkerState(address, name, nthreads, resources, self.prefetch, memory_limit, info)
         ws.last_seen = ws.idle_since = self.clock()
         self.workers[address] = ws
@@ -278,6 +292,8 @@ class SchedulerState(RetirementMixin):
             if fits(shape, ws.total):
                 fitting.add(ws)
                 ws.fitting_shapes.add(shape)
+        if report is not None:
+            self._adopt(ws, report)  # its runs and results first, before any new work
         for shape in [s for s in self.no_worker if s in ws.fitting_shapes]:
             for ts in self.no_worker.pop(shape):
                 self._set_state(ts, "released")
@@ -469,6 +485,9 @@ class SchedulerState(RetirementMixin):
     # ---------------------------------------------------------------- timeouts
     def next_deadline(self) -> float | None:
         deadlines = [r.deadline for r in self.retirements]
+        recovery = self.recovery_deadline()
+        if recovery is not None:
+            deadlines.append(recovery)
         if self.no_worker_timeout is not None and self.no_worker:
             since = min(
                 ts.no_worker_since or 0.0 for tasks in self.no_worker.values() for ts in tasks
@@ -479,6 +498,9 @@ class SchedulerState(RetirementMixin):
     def check_timeouts(self) -> None:
         now = self.clock()
         self._expire_retirements(now)
+        recovery = self.recovery_deadline()
+        if recovery is not None and now >= recovery:
+            self.end_recovery()
         if self.no_worker_timeout is None:
             return
         for shape in list(self.no_worker):
@@ -512,6 +534,9 @@ class SchedulerState(RetirementMixin):
         while stack:
             ts = stack.pop()
             if ts.state != "released":
+                continue
+            if not ts.func:
+                self._drop_unclaimed(ts)  # reported by a worker; no client knows its lineage
                 continue
             if not ts.dependencies:
                 self._make_ready(ts)

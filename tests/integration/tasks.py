@@ -63,3 +63,13 @@ def wait_for_file(path: str) -> str:
     while not os.path.exists(path):
         time.sleep(0.01)
     return path
+
+
+def logged(log: str, value: object, gate: str | None = None) -> object:
+    """Append this execution to ``log`` (one line per run), then, with ``gate``, block
+    until the test creates that file; returns ``value``."""
+    with open(log, "a") as f:
+        f.write(f"{value}\n")
+    if gate is not None:
+        wait_for_file(gate)
+    return value
