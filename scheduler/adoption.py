@@ -44,8 +44,7 @@ class AdoptionMixin:
     idle: dict[WorkerState, None]
     with_slots: dict[WorkerState, None]
     clock: Callable[[], float]
-    _seq: Iterator[int]
-    _run_ids: Iterator[int]
+    _seq: Iterator[int]  # also the run ids
 
     def send(self, dest: str, message: Message) -> None:
         raise NotImplementedError
@@ -78,14 +77,11 @@ class AdoptionMixin:
         raise NotImplementedError
 
     def _init_recovery(self, wait: float) -> None:
-        self.recovering_until = self.clock() + wait
-        # Re-registered tasks held back until the wait ends (see module docstring).
-        self._deferred: list[TaskState] = []
-        self._unclaimed: dict[TaskState, None] = {}
-        self._recovery_over = wait <= 0
+        self.recovery = Recovery(self.clock() + wait, wait <= 0)  # one attribute (see state.py)
 
     def recovering(self) -> bool:
-        return not self._recovery_over and self.clock() < self.recovering_until
+        recovery = self.recovery
+        return not recovery.over and self.clock() < recovery.until
 
     # -------------------------------------------------------------- workers
     def _adopt(self, ws: WorkerState, report: WorkerReport) -> None:
@@ -97,7 +93,7 @@ class AdoptionMixin:
             self._adopt_run(ws, run, recovering)
         if highest:
             # The scheduler's next run ids must not clash with this worker's runs.
-            self._run_ids = itertools.count(max(next(self._run_ids), highest + 1))
+            self._seq = itertools.count(max(next(self._seq), highest + 1))
         for key in report.held:
             self._adopt_held(ws, key, recovering)
         if report.running or report.held:
@@ -168,7 +164,7 @@ class AdoptionMixin:
         """A key a worker reported before any client re-registered it: no lineage yet."""
         ts = TaskState(key, b"", b"", shape, 0, 0, next(self._seq), self._with(NOTHING, RECOVERING))
         self.tasks[key] = ts
-        self._unclaimed[ts] = None
+        self.recovery.unclaimed[ts] = None
         return ts
 
     def _book(self, ws: WorkerState, run_id: int, ts: TaskState) -> None:
@@ -201,7 +197,7 @@ class AdoptionMixin:
                 if not isinstance(dep.dependents, set):
                     dep.dependents = set()
                 dep.dependents.add(ts)
-            self._unclaimed.pop(ts, None)
+            self.recovery.unclaimed.pop(ts, None)
         elif ts.func != spec["func"] or ts.args != spec["args"]:
             logger.warning(
                 "client %s re-registered %r as a different task than the one known; "
@@ -215,7 +211,7 @@ class AdoptionMixin:
         forget it (a client re-registering it later has it computed); fail it only if
         something still waits for it, as nothing can compute it."""
         ts.who_wants = self._without(ts.who_wants, RECOVERING)
-        self._unclaimed.pop(ts, None)
+        self.recovery.unclaimed.pop(ts, None)
         if ts.who_wants or ts.dependents:
             self._fail(
                 ts,
@@ -230,22 +226,38 @@ class AdoptionMixin:
     # --------------------------------------------------------------- timers
     def recovery_deadline(self) -> float | None:
         """When the wait ends, while something waits for that (None otherwise)."""
-        if self._recovery_over or not (self._deferred or self._unclaimed):
+        recovery = self.recovery
+        if recovery.over or not (recovery.deferred or recovery.unclaimed):
             return None
-        return self.recovering_until
+        return recovery.until
 
     def end_recovery(self) -> None:
         """The wait is over: release what nobody claimed, compute what nobody brought."""
-        self._recovery_over = True
-        unclaimed = [ts.key for ts in self._unclaimed if ts.key in self.tasks]
-        self._unclaimed = {}
+        recovery = self.recovery
+        recovery.over = True
+        unclaimed = [ts.key for ts in recovery.unclaimed if ts.key in self.tasks]
+        recovery.unclaimed = {}
         if unclaimed:
             logger.info("releasing %d results and runs no client claimed", len(unclaimed))
-        deferred, self._deferred = self._deferred, []
+        deferred, recovery.deferred = recovery.deferred, []
         for ts in deferred:
             if ts.state == "released" and self.tasks.get(ts.key) is ts:
                 self._ensure_computed(ts)
         self.handle_release(RECOVERING, unclaimed)
+
+
+class Recovery:
+    """Where a scheduler stands in its recovery wait (see the module docstring)."""
+
+    __slots__ = ("deferred", "over", "unclaimed", "until")
+
+    def __init__(self, until: float, over: bool) -> None:
+        self.until = until
+        self.over = over
+        # Re-registered tasks held back until the wait ends.
+        self.deferred: list[TaskState] = []
+        # Keys only a worker reported, wanted by RECOVERING until a client claims them.
+        self.unclaimed: dict[TaskState, None] = {}
 
 
 def _log_conflict(ws: WorkerState, decision: Decision) -> None:
