@@ -6,9 +6,19 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from apportion import Client, LocalCluster, config
 from tests.conftest import wait_until
-from tests.integration.tasks import logged
+from tests.integration.conftest import SEED_WORKERS
+from tests.integration.tasks import (
+    GATED,
+    logged,
+    peak_use,
+    pipeline_aggregate,
+    pipeline_load,
+    pipeline_process,
+)
 
 
 def executions(log: Path) -> Counter[str]:
@@ -57,5 +67,95 @@ def test_a_worker_keeps_its_results_and_runs_and_the_new_scheduler_books_them(
             wait_until(lambda: gpu_in_use(second) == 0, what="the GPUs given back")
             assert second.check_invariants() == []
         assert executions(log) == {"held-0": 1, "held-1": 1, "running": 1}
+    finally:
+        cluster.close()
+
+
+def started(log: Path, prefix: str = "") -> Counter[str]:
+    """Executions per key (each logs one 'start KEY' line)."""
+    if not log.exists():
+        return Counter()
+    return Counter(
+        line.split()[1]
+        for line in log.read_text().splitlines()
+        if line.startswith("start ") and line.split()[1].startswith(prefix)
+    )
+
+
+def peak_gpus(log: Path) -> dict[object, float]:
+    """Most GPUs held at once on each worker, from every GPU execution logged."""
+    records = []
+    for line in log.read_text().splitlines():
+        if line.startswith("gpu "):
+            _, _, worker, start, end, gpus = line.split()
+            records.append(
+                {
+                    "worker": worker,
+                    "start": float(start),
+                    "end": float(end),
+                    "resources": {"GPU": float(gpus)},
+                }
+            )
+    return peak_use(records, "GPU")
+
+
+N = 2000
+
+
+def test_the_seed_pipeline_survives_scheduler_kills_during_each_stage(tmp_path: Path) -> None:
+    log, gates = tmp_path / "executions", tmp_path / "gates"
+    gates.mkdir()
+    # Wide enough for every worker to be back before re-registered tasks may start here.
+    with config.set({"scheduler.recovery-wait": 5.0}):
+        cluster = LocalCluster(workers=SEED_WORKERS)
+    try:
+        with Client(cluster) as client:
+            args = (str(log), str(gates))
+            loads = client.map(pipeline_load, *([a] * N for a in args), range(N))
+            processed = [
+                client.submit(
+                    pipeline_process, *args, i, load, resources={"GPU": 2 if i % 10 == 0 else 1}
+                )
+                for i, load in enumerate(loads)
+            ]
+            total = client.submit(pipeline_aggregate, *args, processed, resources={"MEMORY": 70e9})
+
+            # 1. During the loads: the first GATED done and held, gated ones running.
+            wait_until(
+                lambda: len(started(log, "load-")) > GATED, timeout=120, what="gated loads running"
+            )
+            wait_until(lambda: sum(f.done() for f in loads) >= GATED, timeout=120, what="loads")
+            cluster.restart_scheduler()
+            (gates / "loads").touch()
+            # 2. During the GPU stage: gated GPU tasks running, holding GPUs.
+            wait_until(
+                lambda: len(started(log, "process-")) > GATED, timeout=120, what="gated GPU tasks"
+            )
+            cluster.restart_scheduler()
+            (gates / "gpu").touch()
+            # 3. During the aggregate, which holds MEMORY=70e9 on bigmem.
+            wait_until(lambda: started(log)["aggregate"] == 1, timeout=180, what="the aggregate")
+            cluster.restart_scheduler()
+            (gates / "aggregate").touch()
+
+            expected = sum(sum(float(i + k) ** 2 for k in range(10)) for i in range(N))
+            assert total.result(timeout=180) == pytest.approx(expected)
+            assert [f.result() for f in loads[:3]] == [
+                [float(i + k) for k in range(10)] for i in range(3)
+            ]
+            assert processed[7].result() == sum(float(7 + k) ** 2 for k in range(10))
+            wait_until(
+                lambda: all(
+                    not any(w["used_resources"].values())
+                    for w in client.scheduler_info()["workers"].values()
+                ),
+                what="every resource given back",
+            )
+            assert client.check_invariants() == []
+        executed = started(log)
+        assert len(executed) == 2 * N + 1
+        ran_again = {key: n for key, n in executed.items() if n > 1}
+        assert ran_again == {}
+        assert max(peak_gpus(log).values()) <= 2
     finally:
         cluster.close()
