@@ -258,7 +258,11 @@ class Client:
                 f"than comm.max-frame-bytes allows ({limit:,}): pass large data as the result "
                 "of another task (a future) instead of as an argument"
             )
-        spec = {"key": key, "func": func_bytes, "args": args_bytes, "deps": deps, **options}
+        # Kept as the future's lineage: made of values the garbage collector can stop
+        # tracking (a tuple of keys, no empty dict), so that the kept specs cost it nothing.
+        spec = {"key": key, "func": func_bytes, "args": args_bytes, "deps": (), **options}
+        if deps:
+            spec["deps"] = tuple(deps)
         if not options["resources"]:
             del spec["resources"]
         with self._lock:
