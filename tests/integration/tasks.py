@@ -110,3 +110,14 @@ def pipeline_aggregate(log: str, gates: str, processed: list[float]) -> float:
     _log_line(log, "start aggregate")
     wait_for_file(os.path.join(gates, "aggregate"))
     return sum(processed)
+
+
+def gpu_step(log: str, i: int, value: int, seconds: float) -> int:
+    """Hold the task's GPU for ``seconds``, log when and where (as pipeline_process does)."""
+    start = time.monotonic()
+    time.sleep(seconds)  # the workload itself
+    worker = get_worker()
+    assert worker.task is not None
+    gpus = worker.task.resources.get("GPU", 0)
+    _log_line(log, f"gpu step-{i} {worker.name} {start} {time.monotonic()} {gpus}")
+    return 2 * value
