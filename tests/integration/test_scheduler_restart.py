@@ -3,6 +3,9 @@ again on the same port (LocalCluster.restart_scheduler)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -159,3 +162,16 @@ def test_the_seed_pipeline_survives_scheduler_kills_during_each_stage(tmp_path: 
         assert max(peak_gpus(log).values()) <= 2
     finally:
         cluster.close()
+
+
+def test_the_readme_restart_example_works_as_pasted(tmp_path: Path) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("- **The scheduler restarts**") :]
+    block = section[section.index("```python") + len("```python") : section.index("  ```\n")]
+    script = tmp_path / "example.py"
+    script.write_text(textwrap.dedent(block))
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "328350"
