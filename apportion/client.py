@@ -750,12 +750,25 @@ def _submission_bytes(specs: list[Message]) -> int:
 _FUNC, _ARGS, _KEY, _DEPS = map(itemgetter, ("func", "args", "key", "deps"))
 
 
+def _spec_bytes(spec: Message) -> int:
+    """_submission_bytes of one spec, which may lack ``deps`` (a Dask graph's chunks)."""
+    deps = spec.get("deps") or ()
+    return (
+        len(spec["func"])
+        + len(spec["args"])
+        + len(spec["key"])
+        + sum(map(len, deps))
+        + len(deps) * 8
+        + _SPEC_OVERHEAD
+    )
+
+
 def split_submission(specs: list[Message], budget: int) -> list[list[Message]]:
     """``specs`` in order, in batches of at most ``budget`` bytes (see _submission_bytes)."""
     batches = []
     start, size = 0, 0
     for i, spec in enumerate(specs):
-        cost = _submission_bytes([spec])
+        cost = _spec_bytes(spec)
         if size + cost > budget and i > start:
             batches.append(specs[start:i])
             start, size = i, 0

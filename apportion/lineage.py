@@ -48,3 +48,21 @@ def re_registration(states: Iterable[FutureState]) -> tuple[list[Message], list[
                     stack.append((dep, False))
     lineage_only = [spec["key"] for spec in specs if spec["key"] not in wanted]
     return specs, lineage_only
+
+
+def attach(states: dict[str, FutureState], specs: list[Message]) -> None:
+    """Give lineage to states made without ``Client.submit`` (a Dask graph's outputs):
+    ``specs`` in submission order, dependencies first. Keys without a state here (the
+    graph's intermediates) get one of their own, reachable only from their dependents."""
+    nodes: dict[str, FutureState] = {}
+    for spec in specs:
+        key = spec["key"]
+        state = states.get(key)
+        if state is None or state.spec is not None:
+            state = FutureState(key)  # not held by any future: lineage only
+        state.spec = spec
+        deps = spec.get("deps")
+        if deps:
+            found = (nodes.get(dep) or states.get(dep) for dep in deps)
+            state.deps = [dep for dep in found if dep is not None]
+        nodes[key] = state

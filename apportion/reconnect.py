@@ -81,7 +81,14 @@ async def reconnect(client: Client, reason: str) -> None:
             if client._closed:
                 comm.close()
                 return
-            count = _resume(client, comm)
+            try:
+                count = _resume(client, comm)
+            except Exception as exc:  # a bug here must not leave futures pending for good
+                logger.exception("re-registering with the new scheduler failed")
+                comm.close()
+                client._on_lost(f"{reason}; re-registering with the new scheduler failed: {exc!r}")
+                client._connected.set()
+                return
             logger.warning(
                 "reconnected to scheduler %s after %.1fs; re-registered %d tasks",
                 client.scheduler_address,
@@ -116,7 +123,7 @@ def _resume(client: Client, comm: Comm) -> int:
         if batch
     ]
     if lineage_only:  # registered for their dependents' sake only
-        messages.append({"op": "release", "keys": lineage_only})
+        messages.append({"op": "release", "keys": lineage_only, "recover": True})
     if messages:
         comm.send_now(messages)  # before anything this client sends from now on
     comm.allow_thread_writes()

@@ -223,11 +223,19 @@ class AdoptionMixin:
         else:
             self._release_if_unneeded(ts)
 
+    def release_after_recovery(self, client: str, keys: list[str]) -> None:
+        """A reconnecting client's keys wanted only as lineage: released once the tasks
+        held back until the wait ends are on their way (their dependents need them)."""
+        if self.recovering():
+            self.recovery.releases.append((client, keys))
+        else:
+            self.handle_release(client, keys)
+
     # --------------------------------------------------------------- timers
     def recovery_deadline(self) -> float | None:
         """When the wait ends, while something waits for that (None otherwise)."""
         recovery = self.recovery
-        if recovery.over or not (recovery.deferred or recovery.unclaimed):
+        if recovery.over or not (recovery.deferred or recovery.unclaimed or recovery.releases):
             return None
         return recovery.until
 
@@ -243,13 +251,16 @@ class AdoptionMixin:
         for ts in deferred:
             if ts.state == "released" and self.tasks.get(ts.key) is ts:
                 self._ensure_computed(ts)
+        releases, recovery.releases = recovery.releases, []
+        for client, keys in releases:
+            self.handle_release(client, keys)
         self.handle_release(RECOVERING, unclaimed)
 
 
 class Recovery:
     """Where a scheduler stands in its recovery wait (see the module docstring)."""
 
-    __slots__ = ("deferred", "over", "unclaimed", "until")
+    __slots__ = ("deferred", "over", "releases", "unclaimed", "until")
 
     def __init__(self, until: float, over: bool) -> None:
         self.until = until
@@ -258,6 +269,8 @@ class Recovery:
         self.deferred: list[TaskState] = []
         # Keys only a worker reported, wanted by RECOVERING until a client claims them.
         self.unclaimed: dict[TaskState, None] = {}
+        # (client, keys) it re-registered as lineage only, released when the wait ends.
+        self.releases: list[tuple[str, list[str]]] = []
 
 
 def _log_conflict(ws: WorkerState, decision: Decision) -> None:

@@ -260,7 +260,10 @@ class Scheduler:
         if op == "submit":
             self.state.handle_submit(client, check_submit(message), bool(message.get("recover")))
         elif op == "release":
-            self.state.handle_release(client, check_keys(message))
+            if message.get("recover"):  # lineage only, after a restart
+                self.state.release_after_recovery(client, check_keys(message))
+            else:
+                self.state.handle_release(client, check_keys(message))
         elif op == "cancel":
             self.state.handle_cancel(client, check_keys(message))
         elif op == "info":

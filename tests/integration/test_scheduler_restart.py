@@ -175,3 +175,23 @@ def test_the_readme_restart_example_works_as_pasted(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "328350"
+
+
+def test_a_dask_computation_pending_across_a_restart_completes_once(tmp_path: Path) -> None:
+    import dask
+
+    log, gate = tmp_path / "executions", tmp_path / "gate"
+    with config.set({"scheduler.recovery-wait": 5.0}):
+        cluster = LocalCluster(n_workers=1, threads_per_worker=2)
+    try:
+        with Client(cluster) as client:
+            slow = dask.delayed(logged)(str(log), 5, str(gate))
+            fast = dask.delayed(logged)(str(log), 7)
+            total = client.compute(slow + fast)
+            wait_until(lambda: executions(log) == {"5": 1, "7": 1}, what="both tasks ran")
+            cluster.restart_scheduler()
+            gate.touch()
+            assert total.result(timeout=60) == 12
+        assert executions(log) == {"5": 1, "7": 1}
+    finally:
+        cluster.close()

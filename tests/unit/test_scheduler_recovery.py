@@ -247,3 +247,16 @@ def test_a_reported_run_of_a_re_registered_queued_task_takes_its_place() -> None
     assert sim.computed_keys() == ["busy"]  # k was not started again
     sim.finish("k", run=("w2", 99))
     assert sim.states() == {"busy": "memory", "k": "memory"}
+
+
+def test_a_result_kept_only_as_lineage_is_not_dropped_before_its_dependent_is_under_way() -> None:
+    sim = RecoverySim()
+    sim.rejoin("w1", held=["dep"])
+    sim.resubmit(task("dep"), task("out", ["dep"]))
+    sim.state.release_after_recovery("c", ["dep"])  # the client holds no future of dep
+    sim.step()
+    assert sim.freed == {}
+    sim.end_wait()
+    assert sim.computed_keys() == ["out"]  # dep, held all along, is not computed again
+    sim.finish("out")
+    assert sim.freed == {"w1": ["dep"]}  # no longer needed once out is in memory
