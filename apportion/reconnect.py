@@ -19,7 +19,7 @@ from apportion import config
 from apportion.aio import background
 from apportion.errors import SchedulerConnectionError
 from apportion.lineage import re_registration
-from apportion.protocol import Comm, Message, connect
+from apportion.protocol import Comm, CommClosedError, Message, connect
 
 if TYPE_CHECKING:
     from apportion.client import Client
@@ -83,6 +83,10 @@ async def reconnect(client: Client, reason: str) -> None:
                 return
             try:
                 count = _resume(client, comm)
+            except CommClosedError as exc:  # that scheduler is gone already: try again
+                problem = str(exc)
+                await asyncio.sleep(delay)
+                continue
             except Exception as exc:  # a bug here must not leave futures pending for good
                 logger.exception("re-registering with the new scheduler failed")
                 comm.close()
@@ -107,8 +111,13 @@ async def _current_address(client: Client) -> str:
     if cluster is None:
         return client.scheduler_address
     loop = asyncio.get_running_loop()
-    # It may ask the Kubernetes API: off the event loop.
-    return str(await loop.run_in_executor(None, lambda: cluster.scheduler_address))
+    try:
+        # It may ask the Kubernetes API: off the event loop.
+        return str(await loop.run_in_executor(None, lambda: cluster.scheduler_address))
+    except OSError:
+        raise
+    except Exception as exc:  # the API unreachable for a while, say: one more failed try
+        raise OSError(f"cannot look up the scheduler's address: {exc}") from exc
 
 
 def _resume(client: Client, comm: Comm) -> int:
