@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 from apportion.scheduler.model import NOTHING, TaskState, TaskStateName, WorkerState
@@ -29,6 +29,7 @@ from apportion.scheduler.recovery import (
     decide_held,
     decide_run,
 )
+from apportion.scheduler.retirement import RetirementMixin
 
 from apportion.resources import Shape, to_shape
 
@@ -37,20 +38,12 @@ logger = logging.getLogger("apportion.scheduler")
 Message = dict[str, Any]
 
 
-class AdoptionMixin:
+class AdoptionMixin(RetirementMixin):
+    """Declared on top of RetirementMixin (the compiled build allows one base class); what
+    both use of SchedulerState is declared there."""
+
     # Provided by SchedulerState (declared here so that the compiled build knows them).
-    workers: dict[str, WorkerState]
-    tasks: dict[str, TaskState]
-    idle: dict[WorkerState, None]
-    with_slots: dict[WorkerState, None]
-    clock: Callable[[], float]
     _seq: Iterator[int]  # also the run ids
-
-    def send(self, dest: str, message: Message) -> None:
-        raise NotImplementedError
-
-    def _with(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
-        raise NotImplementedError
 
     def _without(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
         raise NotImplementedError

@@ -35,7 +35,7 @@ from apportion.scheduler.placement import (
     pick_worker,
 )
 from apportion.scheduler.recovery import WorkerReport
-from apportion.scheduler.retirement import RetirementMixin, bytes_held, in_service_first
+from apportion.scheduler.retirement import bytes_held, in_service_first
 
 from apportion import config
 from apportion.errors import KilledWorkerError, NoValidWorkerError
@@ -47,7 +47,7 @@ logger = logging.getLogger("apportion.scheduler")
 Message = dict[str, Any]
 
 
-class SchedulerState(RetirementMixin, AdoptionMixin):
+class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.tasks: dict[str, TaskState] = {}
