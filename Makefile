@@ -64,6 +64,7 @@ COMPILED_TESTS  := compiled/test_compiled_build.py unit/test_resources.py \
 	unit/test_scheduler_state.py unit/test_scheduler_random.py unit/test_placement.py \
 	unit/test_perf_placement.py unit/test_retire.py unit/test_validation.py \
 	unit/test_scheduler_reservations.py unit/test_scheduler_no_starvation.py \
+	unit/test_scheduler_recovery.py \
 	integration/test_resources.py integration/test_worker_loss.py
 
 $(COMPILED_STAMP): $(PACKAGE_SOURCES)

@@ -9,9 +9,11 @@ from types import ModuleType
 # scheduler's pure state machine, and its event log (per-run work while a dashboard is open).
 COMPILED_MODULES = [
     "apportion.resources",
+    "apportion.scheduler.adoption",
     "apportion.scheduler.events",
     "apportion.scheduler.model",
     "apportion.scheduler.placement",
+    "apportion.scheduler.recovery",
     "apportion.scheduler.retirement",
     "apportion.scheduler.state",
 ]

@@ -31,6 +31,7 @@ from apportion.logs import line_count, recent_lines, show_task_output
 from apportion.progress import progress
 from apportion.protocol import Comm, CommClosedError, Message, ProtocolError, connect
 from apportion.protocol.rpc import ConnectionPool
+from apportion.reconnect import reconnect
 from apportion.reprs import dashboard_link, summary_html
 from apportion.resources import format_resources, validate
 from apportion.serialize import (
@@ -110,6 +111,7 @@ class Client:
         self._key_prefix = uuid.uuid4().hex[:20]
         self._key_counter = itertools.count()
         self._closed = False
+        # Set when the scheduler is lost for good (reconnecting gave up), with the reason.
         self._lost: str | None = None
         self._warned: set[tuple] = set()
         self._io = _LoopThread()
@@ -127,6 +129,9 @@ class Client:
         )
         self._comm.allow_thread_writes()
         client_id = str(welcome["client_id"])
+        # Set while connected: requests made while reconnecting wait for it.
+        self._connected = asyncio.Event()
+        self._connected.set()
         self._pool = ConnectionPool(
             "client",
             self.token,
@@ -253,17 +258,27 @@ class Client:
                 f"than comm.max-frame-bytes allows ({limit:,}): pass large data as the result "
                 "of another task (a future) instead of as an argument"
             )
-        with self._lock:
-            known = self._states.get(key)
-            fresh = known is None or known.status == "cancelled"
-            state = self._states[key] = FutureState(key) if fresh or known is None else known
-        future = Future(key, self, state)
-        if not fresh:
-            return None, future
-        spec = {"key": key, "func": func_bytes, "args": args_bytes, "deps": deps, **options}
+        # Kept as the future's lineage: made of values the garbage collector can stop
+        # tracking (a tuple of keys, no empty dict), so that the kept specs cost it nothing.
+        spec = {"key": key, "func": func_bytes, "args": args_bytes, "deps": (), **options}
+        if deps:
+            spec["deps"] = tuple(deps)
         if not options["resources"]:
             del spec["resources"]
-        return spec, future
+        with self._lock:
+            states = self._states
+            known = states.get(key)
+            fresh = known is None or known.status == "cancelled"
+            if fresh:
+                # The lineage a new scheduler needs after a restart (apportion/lineage.py).
+                state = states[key] = FutureState(key)
+                state.spec = spec
+                if deps:
+                    state.deps = [states[dep] for dep in deps if dep in states]
+            else:
+                state = known  # type: ignore[assignment]
+        future = Future(key, self, state)
+        return (spec if fresh else None), future
 
     @staticmethod
     def _limit() -> int:
@@ -279,14 +294,8 @@ class Client:
         if _submission_bytes(specs) <= budget:  # the usual case, measured at C speed
             self._post({"op": "submit", "tasks": specs})
             return
-        start, size = 0, 0
-        for i, spec in enumerate(specs):
-            cost = _submission_bytes([spec])
-            if size + cost > budget and i > start:
-                self._post({"op": "submit", "tasks": specs[start:i]})
-                start, size = i, 0
-            size += cost
-        self._post({"op": "submit", "tasks": specs[start:]})
+        for batch in split_submission(specs, budget):
+            self._post({"op": "submit", "tasks": batch})
 
     def _post(self, message: Message) -> None:
         """Queue a message for the scheduler from any thread; flushed once per loop tick."""
@@ -328,9 +337,11 @@ class Client:
         comm = self._comm
         with comm.write_lock:
             with self._lock:
-                messages, self._outgoing = self._outgoing, []
                 self._flush_scheduled = False
-            if messages and not comm.closed:
+                if comm.closed:
+                    return  # kept for the next scheduler (see apportion/reconnect.py)
+                messages, self._outgoing = self._outgoing, []
+            if messages:
                 comm.send_now(messages)  # already batched by _post: no need to wait a tick
 
     # ---------------------------------------------------------------- results
@@ -390,12 +401,12 @@ class Client:
         await asyncio.gather(*(fetch_from(a, s) for a, s in by_worker.items()))
 
     def _gone(self, key: str, problem: str) -> Exception:
-        """The error for a result no worker serves: after the scheduler was lost, that loss
-        is the cause (workers drop their results when they lose it), so it is named."""
+        """The error for a result no worker serves: after the scheduler was lost for good,
+        that loss is named (no scheduler is there to have it recomputed)."""
         if self._lost:
             return SchedulerConnectionError(
-                f"{self._lost}; the result of {key!r} had not been fetched, and workers drop "
-                "their results when they lose the scheduler: submit it again"
+                f"{self._lost}; the result of {key!r} had not been fetched, and no scheduler "
+                "is left to recompute it"
             )
         return LookupError(f"{problem} {key!r}")
 
@@ -502,6 +513,8 @@ class Client:
         return self._io.run(self._request_async(message), timeout)
 
     async def _request_async(self, message: Message) -> Message:
+        await self._connected.wait()  # while reconnecting: until connected, or given up
+        self._check_open()
         request_id = next(self._request_ids)
         reply: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._requests[request_id] = reply
@@ -548,10 +561,12 @@ class Client:
         try:
             await comm.serve(self._on_frame)
         except (CommClosedError, ProtocolError) as exc:
-            self._on_lost(f"connection to scheduler {self.scheduler_address} lost: {exc}")
+            reason = f"connection to scheduler {self.scheduler_address} lost: {exc}"
         except Exception as exc:  # a malformed message
             comm.close()
-            self._on_lost(f"bad message from scheduler {self.scheduler_address}: {exc!r}")
+            reason = f"bad message from scheduler {self.scheduler_address}: {exc!r}"
+        if not self._closed:
+            await reconnect(self, reason)
 
     def _on_frame(self, messages: list[Message]) -> None:
         for message in messages:
@@ -733,6 +748,33 @@ def _submission_bytes(specs: list[Message]) -> int:
 
 
 _FUNC, _ARGS, _KEY, _DEPS = map(itemgetter, ("func", "args", "key", "deps"))
+
+
+def _spec_bytes(spec: Message) -> int:
+    """_submission_bytes of one spec, which may lack ``deps`` (a Dask graph's chunks)."""
+    deps = spec.get("deps") or ()
+    return (
+        len(spec["func"])
+        + len(spec["args"])
+        + len(spec["key"])
+        + sum(map(len, deps))
+        + len(deps) * 8
+        + _SPEC_OVERHEAD
+    )
+
+
+def split_submission(specs: list[Message], budget: int) -> list[list[Message]]:
+    """``specs`` in order, in batches of at most ``budget`` bytes (see _submission_bytes)."""
+    batches = []
+    start, size = 0, 0
+    for i, spec in enumerate(specs):
+        cost = _spec_bytes(spec)
+        if size + cost > budget and i > start:
+            batches.append(specs[start:i])
+            start, size = i, 0
+        size += cost
+    batches.append(specs[start:])
+    return batches
 
 
 def _collect_futures(obj: Any) -> list[Future]:

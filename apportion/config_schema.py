@@ -83,6 +83,15 @@ SETTINGS: tuple[Setting, ...] = (
         "workers not emptied by then stay in service.",
     ),
     Setting(
+        "scheduler.recovery-wait",
+        "number",
+        3.0,
+        "Seconds after start during which the scheduler waits for the workers and clients "
+        "of a scheduler that died: tasks that reconnecting clients re-register start only "
+        "after it, unless a worker reports holding or running them; results and runs "
+        "nobody re-registered by then are released.",
+    ),
+    Setting(
         "scheduler.http-port",
         "integer",
         None,
@@ -133,6 +142,14 @@ SETTINGS: tuple[Setting, ...] = (
         "boolean",
         True,
         "Workers holding results tell waiting clients themselves: one hop fewer.",
+    ),
+    Setting(
+        "client.reconnect-timeout",
+        "number",
+        120.0,
+        "Seconds a client keeps reconnecting to a scheduler it lost (its futures stay "
+        "pending meanwhile, and it re-registers them); then they fail with "
+        "SchedulerConnectionError.",
     ),
     Setting(
         "client.forward-output",

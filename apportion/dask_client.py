@@ -20,7 +20,7 @@ import dask
 from dask.base import collections_to_expr, is_dask_collection, unpack_collections
 from dask.core import flatten
 
-from apportion import dask_graph
+from apportion import dask_graph, lineage
 from apportion.annotations import current as current_annotations
 from apportion.dask_graph import Key, to_key
 from apportion.futures import Future, FutureState
@@ -118,6 +118,7 @@ def submit_tasks(
             specs.append({"key": task.key, "func": run, "args": args, "deps": deps, **task.options})
     futures = {key: _future(client, to_key(key)) for key in dict.fromkeys(outputs)}
     with client._lock:
+        lineage.attach(client._states, specs)  # for a new scheduler after a restart
         wanted = set(client._refs)
     intermediate = [s["key"] for s in specs if s["key"] not in wanted]
     if specs:

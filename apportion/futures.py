@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from apportion.client import Client
 
 _MISSING = object()
+_NO_DEPS: list[Any] = []  # shared, never changed: most tasks have no dependencies
 
 
 class FutureState:
@@ -28,10 +29,12 @@ class FutureState:
         "_value",
         "callbacks",
         "data",
+        "deps",
         "error",
         "key",
         "lock",
         "nbytes",
+        "spec",
         "status",
         "who_has",
     )
@@ -53,6 +56,10 @@ class FutureState:
         self.who_has: list[str] = []
         self.nbytes = 0
         self.callbacks: list[Callable[[], None]] = []
+        # Lineage, for a new scheduler after a restart (see apportion/lineage.py): the
+        # message the task was submitted with, and the states of its dependencies.
+        self.spec: dict[str, Any] | None = None
+        self.deps: list[FutureState] = _NO_DEPS
 
     # Called on the client's event-loop thread.
     def finish(self, who_has: list[str], nbytes: int, data: bytes | None) -> None:

@@ -97,17 +97,22 @@ class LocalCluster:
             args += ["--http-port", str(http_port)]
         launched = self._spawn(args)
         self._scheduler_process = launched[0]
-        # Shared with the finalizer (which must not hold self): every process we started.
+        # Shared with the finalizer (which must not hold self): every process we started,
+        # schedulers (one per restart) and workers.
+        self._schedulers: list[subprocess.Popen] = [self._scheduler_process]
         self._children: dict[str, subprocess.Popen] = {}
-        self._finalizer = weakref.finalize(
-            self, _terminate, self._scheduler_process, self._children
-        )
+        self._finalizer = weakref.finalize(self, _terminate, self._schedulers, self._children)
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         try:
             ready = self._await_ready([("scheduler", launched)])
             self.scheduler_address: str = ready["scheduler"]["address"]
             self.http_port: int | None = ready["scheduler"].get("http_port")
+            # A restarted scheduler listens where this one does: its ports, now chosen.
+            port = str(parse_address(self.scheduler_address)[1])
+            self._scheduler_args = ["scheduler", "--host", host, "--port", port]
+            if self.http_port is not None:
+                self._scheduler_args += ["--http-port", str(self.http_port)]
             self.start_workers(self._specs)
         except BaseException:
             self.close()
@@ -239,6 +244,27 @@ class LocalCluster:
             worker.process.send_signal(signal.SIGKILL)
         worker.process.wait(timeout=10)
 
+    # ---------------------------------------------------------------- scheduler
+    def kill_scheduler(self) -> None:
+        """SIGKILL the scheduler process, as a crash or an OOM kill would. Workers keep
+        their results and runs and keep reconnecting; clients keep their futures pending
+        and keep reconnecting (see ``restart_scheduler``)."""
+        with self._lock:
+            process = self._scheduler_process
+            process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+
+    def restart_scheduler(self, kill: bool = True) -> None:
+        """Start a new scheduler on the same address (killing the current one first, with
+        ``kill``); it rebuilds its state from the workers' and clients' reports."""
+        if kill and self._scheduler_process.poll() is None:
+            self.kill_scheduler()
+        with self._lock:
+            launched = self._spawn(self._scheduler_args)
+            self._scheduler_process = launched[0]
+            self._schedulers.append(launched[0])
+        self._await_ready([("scheduler", launched)])
+
     def _supervise(self) -> None:
         """Restart worker processes that die unexpectedly (as a nanny would)."""
         while not self._stopping.wait(0.1):
@@ -354,9 +380,9 @@ def _tell_scheduler(address: str, token: str, message: dict[str, Any]) -> None:
         logger.debug("could not tell the scheduler %r: %s", message, exc)
 
 
-def _terminate(scheduler: subprocess.Popen, workers: dict[str, subprocess.Popen]) -> None:
+def _terminate(schedulers: list[subprocess.Popen], workers: dict[str, subprocess.Popen]) -> None:
     """Stop workers first (so they leave cleanly), then the scheduler; kill stragglers."""
-    for group in (list(workers.values()), [scheduler]):
+    for group in (list(workers.values()), schedulers):
         for process in group:
             if process.poll() is None:
                 process.terminate()

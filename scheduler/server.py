@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from apportion.scheduler.recovery import parse_report
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.validation import (
     check_key,
@@ -156,8 +157,19 @@ class Scheduler:
             return
         info: dict[str, Any] = {k: hello[k] for k in ("pid", "host") if k in hello}
         comm.send({"op": "welcome", "scheduler": self.address})
+        report, early = None, []
+        if hello.get("report"):  # what it holds and runs comes first (see scheduler/recovery.py)
+            try:
+                early = await comm.read()
+                report = parse_report(early.pop(0) if early else None)
+            except (CommClosedError, ProtocolError) as exc:
+                logger.warning("worker %s (%s) did not register: %s", name, address, exc)
+                comm.close(str(exc))
+                return
         self.comms[address] = comm
-        self.state.add_worker(address, name, nthreads, resources, hello.get("memory_limit"), info)
+        self.state.add_worker(
+            address, name, nthreads, resources, hello.get("memory_limit"), info, report
+        )
         self._flush()
         handlers: dict[str, Callable[[str, Message], None]] = {
             "task-finished": self.state.handle_task_finished,
@@ -196,6 +208,8 @@ class Scheduler:
             self._flush()
 
         try:
+            if early:
+                on_frame(early)
             await comm.serve(on_frame)
         except CommClosedError:
             pass
@@ -247,9 +261,12 @@ class Scheduler:
     def _on_client_message(self, client: str, comm: Comm, message: Message) -> None:
         op = message["op"]
         if op == "submit":
-            self.state.handle_submit(client, check_submit(message))
+            self.state.handle_submit(client, check_submit(message), bool(message.get("recover")))
         elif op == "release":
-            self.state.handle_release(client, check_keys(message))
+            if message.get("recover"):  # lineage only, after a restart
+                self.state.release_after_recovery(client, check_keys(message))
+            else:
+                self.state.handle_release(client, check_keys(message))
         elif op == "cancel":
             self.state.handle_cancel(client, check_keys(message))
         elif op == "info":

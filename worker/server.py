@@ -140,6 +140,7 @@ class Worker:
         version is final at once.
         """
         hello = {
+            "report": True,  # our first message says what we hold and run (see below)
             "address": self.address,
             "name": self.name,
             "nthreads": self.nthreads,
@@ -154,10 +155,8 @@ class Worker:
         delay = 0.05
         while True:
             try:
-                self.scheduler, _ = await connect(
-                    self.scheduler_address, "worker", self.token, hello
-                )
-                self.scheduler.allow_thread_writes()
+                comm, _ = await connect(self.scheduler_address, "worker", self.token, hello)
+                self._register(comm)
                 break
             except ConnectionRefusedError as exc:
                 # A name still held by our previous (dead) self clears up soon; others don't.
@@ -181,6 +180,23 @@ class Worker:
             self.nthreads,
             "" if self.nthreads == 1 else "s",
         )
+
+    def _register(self, comm: Comm) -> None:
+        """Tell a new scheduler what is held and running here, before any report of a run
+        (under the lock, so no task thread writes to it first), then use it."""
+        with self._lock:
+            report = self.state.registration_report()
+            comm.send_now([report])
+            comm.allow_thread_writes()
+            self.scheduler = comm
+        if report["held"] or report["running"]:
+            logger.info(
+                "worker %s reported %d held results and %d running tasks",
+                self.name,
+                len(report["held"]),
+                len(report["running"]),
+            )
+        self._drain_unsent()  # what ended meanwhile, written for this connection
 
     async def close(self, reason: str = "closing") -> None:
         if self.finished.is_set():
@@ -218,8 +234,12 @@ class Worker:
             reason = await self._read_scheduler(self.scheduler)
             if self.finished.is_set():
                 return
-            logger.warning("worker %s lost the scheduler (%s); reconnecting", self.name, reason)
-            self._forget_everything()
+            logger.warning(
+                "worker %s lost the scheduler (%s); reconnecting, keeping its results and runs",
+                self.name,
+                reason,
+            )
+            self._scheduler_lost()
             try:
                 await self._connect()
             except OSError as exc:
@@ -265,11 +285,12 @@ class Worker:
             if instructions:
                 self._carry_out(instructions)
 
-    def _forget_everything(self) -> None:
-        """A new scheduler knows none of our runs or data (see WorkerState.scheduler_lost)."""
+    def _scheduler_lost(self) -> None:
+        """Messages written for the lost scheduler go with it (see WorkerState.scheduler_lost)."""
         with self._lock:
             self.state.scheduler_lost()
             self._unsent.clear()
+            self._drain_scheduled = False
 
     # ------------------------------------------------------------ instructions
     def _carry_out(self, instructions: list[Instruction]) -> None:
@@ -378,10 +399,13 @@ class Worker:
 
     def _drain_unsent(self) -> None:
         with self._lock:
+            comm = self.scheduler
+            if comm is None or comm.closed:
+                return  # kept for the next connection (see _register)
             burst, self._unsent = self._unsent, []
             self._drain_scheduled = False
-        if burst and self.scheduler is not None and not self.scheduler.closed:
-            self.scheduler.send_now(burst)  # the whole burst at once, not next tick
+        if burst:
+            comm.send_now(burst)  # the whole burst at once, not next tick
 
     def _execute(self, task: WorkerTask) -> Outcome:
         """Runs in a task thread: returns (ok, value, pickled value or exception, traceback)."""

@@ -219,21 +219,36 @@ class WorkerState:
         return [Fetch(key, holders, self.epoch)]
 
     def scheduler_lost(self) -> None:
-        """A new scheduler knows none of our runs or data: forget them all.
+        """The scheduler connection dropped: keep what a new scheduler can adopt.
 
-        Running threads cannot be stopped: they keep their resources until they end, and
-        their results are dropped then (they belong to an earlier epoch).
+        Results held here and runs in threads stay (the next scheduler is told of them by
+        ``registration_report``); what had not started yet (waiting for a thread or for
+        inputs) is dropped, as the next scheduler places it afresh. Runs that end before
+        the report keep their result here and report nothing (no scheduler knows them).
         """
         self.epoch += 1
-        self.data.clear()
-        self.needed.clear()
-        self.doomed.clear()
+        for task in list(self.tasks.values()):
+            if task.status not in ("running", "cancelled"):
+                self._drop(task)
         self.fetching.clear()
-        self.ready.clear()
+
+    def registration_report(self) -> Message:
+        """What a new scheduler must know of this worker, sent as its first message: the
+        results held here and the runs in threads, each with the resources it holds.
+        Reported runs belong to the new connection from now on (their ends are reported)."""
+        running = []
         for task in self.tasks.values():
-            if task.status == "running":
-                task.status = "cancelled"
-        self.tasks.clear()
+            task.epoch = self.epoch
+            running.append(
+                {
+                    "key": task.key,
+                    "run_id": task.run_id,
+                    "resources": dict(task.shape),
+                    "cancelled": task.status == "cancelled",
+                }
+            )
+        held = [key for key in self.data if key not in self.doomed]
+        return {"op": "recover", "held": held, "running": running}
 
     # ----------------------------------------------------------------- fetches
     def fetched(self, key: str, value: Any, epoch: int) -> list[Instruction]:
@@ -304,7 +319,11 @@ class WorkerState:
         if self.tasks.get(task.run_id) is task:
             del self.tasks[task.run_id]  # a cancel from now on crosses the report
         if task.epoch != self.epoch:
-            return []  # a run the current scheduler never heard of
+            # Ended while no scheduler knew of it: the result stays here, for the next
+            # scheduler to adopt (an error is not kept: it runs again).
+            if ok and task.status != "cancelled":
+                self.data[task.key] = value
+            return []
         if task.status == "cancelled":
             return [Send({"op": "task-released", "key": task.key, "run_id": task.run_id})]
         if not ok:

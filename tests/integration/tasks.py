@@ -63,3 +63,61 @@ def wait_for_file(path: str) -> str:
     while not os.path.exists(path):
         time.sleep(0.01)
     return path
+
+
+def logged(log: str, value: object, gate: str | None = None) -> object:
+    """Append this execution to ``log`` (one line per run), then, with ``gate``, block
+    until the test creates that file; returns ``value``."""
+    with open(log, "a") as f:
+        f.write(f"{value}\n")
+    if gate is not None:
+        wait_for_file(gate)
+    return value
+
+
+# The seed pipeline for scheduler restarts: each execution is logged (start, and for GPU
+# tasks when and where it held how many GPUs); from index GATED on, a stage blocks until
+# the test creates its gate file, so that a restart lands while that stage runs.
+GATED = 1000
+
+
+def _log_line(log: str, line: str) -> None:
+    with open(log, "a") as f:  # one short write in append mode: lines never interleave
+        f.write(line + "\n")
+
+
+def pipeline_load(log: str, gates: str, i: int) -> list[float]:
+    _log_line(log, f"start load-{i}")
+    if i >= GATED:
+        wait_for_file(os.path.join(gates, "loads"))
+    return [float(i + k) for k in range(10)]
+
+
+def pipeline_process(log: str, gates: str, i: int, loaded: list[float]) -> float:
+    start = time.monotonic()
+    _log_line(log, f"start process-{i}")
+    if i >= GATED:
+        wait_for_file(os.path.join(gates, "gpu"))
+    time.sleep(0.002)  # stands in for a kernel on the GPU
+    worker = get_worker()
+    assert worker.task is not None
+    gpus = worker.task.resources.get("GPU", 0)
+    _log_line(log, f"gpu process-{i} {worker.name} {start} {time.monotonic()} {gpus}")
+    return sum(x * x for x in loaded)
+
+
+def pipeline_aggregate(log: str, gates: str, processed: list[float]) -> float:
+    _log_line(log, "start aggregate")
+    wait_for_file(os.path.join(gates, "aggregate"))
+    return sum(processed)
+
+
+def gpu_step(log: str, i: int, value: int, seconds: float) -> int:
+    """Hold the task's GPU for ``seconds``, log when and where (as pipeline_process does)."""
+    start = time.monotonic()
+    time.sleep(seconds)  # the workload itself
+    worker = get_worker()
+    assert worker.task is not None
+    gpus = worker.task.resources.get("GPU", 0)
+    _log_line(log, f"gpu step-{i} {worker.name} {start} {time.monotonic()} {gpus}")
+    return 2 * value

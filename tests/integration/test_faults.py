@@ -193,7 +193,7 @@ def processes() -> Iterator[list[subprocess.Popen]]:
             process.wait()
 
 
-def test_scheduler_restart_clients_get_a_clear_error_and_workers_reconnect(
+def test_after_a_scheduler_restart_the_same_client_gets_its_pending_results(
     processes: list[subprocess.Popen],
 ) -> None:
     port, token = _free_port(), "restart-token"
@@ -210,17 +210,36 @@ def test_scheduler_restart_clients_get_a_clear_error_and_workers_reconnect(
     with Client(address, token=token) as client:
         client.wait_for_workers(2, timeout=60)
         assert client.submit(inc, 1).result(timeout=30) == 2
-        long_running = client.submit(hold, 30, pure=False)
+        long_running = client.submit(hold, 3, "across", pure=False)
+        wait_until(lambda: client.scheduler_info()["tasks"].get("processing") == 1)
         processes[0].kill()
         processes[0].wait(timeout=10)
-        with pytest.raises(SchedulerConnectionError, match=f"scheduler {address} lost"):
-            long_running.result(timeout=30)
-        with pytest.raises(SchedulerConnectionError):
-            client.submit(inc, 2)
-    processes.append(_start_scheduler(port, token))
-    with Client(address, token=token) as client:
+        meanwhile = client.submit(inc, 41)  # accepted while no scheduler is there
+        processes.append(_start_scheduler(port, token))
+        assert meanwhile.result(timeout=60) == 42
+        assert long_running.result(timeout=60)["tag"] == "across"
         client.wait_for_workers(2, timeout=60)
-        assert client.submit(inc, 41).result(timeout=30) == 42
+        assert client.check_invariants() == []
+
+
+def test_a_client_whose_scheduler_stays_away_fails_its_futures_clearly(
+    processes: list[subprocess.Popen],
+) -> None:
+    port, token = _free_port(), "restart-token"
+    address = f"tcp://127.0.0.1:{port}"
+    processes.append(_start_scheduler(port, token))
+    with config.set({"client.reconnect-timeout": 1.0}), Client(address, token=token) as client:
+        pending = client.submit(inc, 1)  # no worker: it stays pending
+        processes[0].kill()
+        processes[0].wait(timeout=10)
+        with pytest.raises(
+            SchedulerConnectionError,
+            match=rf"scheduler {address} lost.*no scheduler answered at {address} for 1s "
+            r"\(client.reconnect-timeout\)",
+        ):
+            pending.result(timeout=30)
+        with pytest.raises(SchedulerConnectionError, match="no scheduler answered"):
+            client.submit(inc, 2)
 
 
 def test_a_result_too_large_for_a_frame_fails_clearly_and_so_does_a_huge_argument() -> None:

@@ -291,26 +291,63 @@ def test_cancelling_an_unknown_run_does_nothing() -> None:
 
 
 # ------------------------------------------------------ losing and resuming the scheduler
-def test_after_the_scheduler_is_lost_old_runs_report_nothing_and_keep_resources_to_the_end() -> (
-    None
-):
+def test_after_the_scheduler_is_lost_results_and_runs_stay_and_unstarted_tasks_go() -> None:
     node = Node(nthreads=2, resources={"GPU": 1})
     node.compute("old", resources={"GPU": 1})
     node.compute("queued", resources={"GPU": 1})
     node.compute("fetching", deps={"x": ["peer"]})
     node.state.data["kept"] = 1
     node.state.scheduler_lost()
-    assert node.state.data == {} and node.state.tasks == {} and node.state.ready == []
-    # A new scheduler's task needs the GPU that the old run still holds.
-    node.compute("new", run_id=1, resources={"GPU": 1})
-    assert node.started == ["old"]
+    assert node.state.data == {"kept": 1} and node.state.ready == []
+    assert [t.key for t in node.state.tasks.values()] == ["old"]
+    assert node.state.needed == {} and node.state.fetching == {}
     node.fetched("x", epoch=0)  # a fetch for the old scheduler: ignored
     assert "x" not in node.state.data
-    node.finish("old")
-    assert all(m["key"] != "old" for m in node.sent)
-    assert node.started == ["old", "new"]
-    node.finish("new")
-    assert [m["key"] for m in node.ops("task-finished")] == ["new"]
+    # Ends before a new scheduler heard of it: the result is kept, nothing is reported.
+    node.finish("old", value="old result")
+    assert node.sent == [] and node.state.data["old"] == "old result"
+    report = node.state.registration_report()
+    assert report == {"op": "recover", "held": ["kept", "old"], "running": []}
+
+
+def test_a_new_scheduler_hears_of_runs_in_threads_with_their_resources_then_of_their_ends() -> None:
+    node = Node(nthreads=2, resources={"GPU": 2})
+    node.compute("gpu", run_id=7, resources={"GPU": 2})
+    node.compute("plain", run_id=8)
+    node.apply(node.state.cancel(8))  # cancelled while it runs: reported as such
+    node.state.scheduler_lost()
+    report = node.state.registration_report()
+    assert report["held"] == []
+    assert report["running"] == [
+        {"key": "gpu", "run_id": 7, "resources": {"GPU": 2}, "cancelled": False},
+        {"key": "plain", "run_id": 8, "resources": {}, "cancelled": True},
+    ]
+    # Adopted by the new scheduler: its end is reported to it, under the same run id.
+    node.finish("gpu", value=5)
+    (finished,) = node.ops("task-finished")
+    assert finished["key"] == "gpu" and finished["run_id"] == 7
+    node.finish("plain")
+    assert [m["run_id"] for m in node.ops("task-released")] == [8]
+    # A new scheduler's task starts once the old run gave the GPUs back.
+    node.compute("new", run_id=9, resources={"GPU": 2})
+    assert node.started[-1] == "new"
+
+
+def test_freed_keys_still_needed_are_not_reported_as_held() -> None:
+    node = Node()
+    node.compute("t", deps={"d": ["peer"]})
+    node.fetched("d")
+    node.state.free_keys(["d"])  # doomed: goes once t ends
+    node.state.scheduler_lost()
+    assert node.state.registration_report()["held"] == []
+
+
+def test_an_error_while_no_scheduler_listens_is_not_kept() -> None:
+    node = Node()
+    node.compute("bad")
+    node.state.scheduler_lost()
+    node.err("bad")
+    assert node.sent == [] and "bad" not in node.state.data
 
 
 # ------------------------------------------------------------------ random walk

@@ -1,0 +1,271 @@
+"""A new scheduler adopting what survived the old one (no I/O).
+
+A mix-in of ``SchedulerState``, carrying out the decisions of ``scheduler/recovery.py``.
+For ``scheduler.recovery-wait`` seconds after start, the scheduler is *recovering*:
+
+- a worker's reported runs are booked on it as they are (resources and all), and its held
+  results are registered, before it gets any new work; results and runs of keys no client
+  has re-registered yet are kept, wanted by the pseudo-client ``RECOVERING``;
+- tasks that reconnecting clients re-register (``submit`` with ``recover``) are not placed
+  before the wait ends, so that a worker still reconnecting can claim them first.
+
+When the wait ends, what no client claimed is released, and the re-registered tasks that no
+worker held or ran are computed from their lineage.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Hashable, Iterator
+from typing import Any
+
+from apportion.scheduler.model import NOTHING, TaskState, TaskStateName, WorkerState
+from apportion.scheduler.recovery import (
+    RECOVERING,
+    Decision,
+    ReportedRun,
+    WorkerReport,
+    decide_held,
+    decide_run,
+)
+from apportion.scheduler.retirement import RetirementMixin
+
+from apportion.resources import Shape, to_shape
+
+logger = logging.getLogger("apportion.scheduler")
+
+Message = dict[str, Any]
+
+
+class AdoptionMixin(RetirementMixin):
+    """Declared on top of RetirementMixin (the compiled build allows one base class); what
+    both use of SchedulerState is declared there."""
+
+    # Provided by SchedulerState (declared here so that the compiled build knows them).
+    _seq: Iterator[int]  # also the run ids
+
+    def _without(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
+        raise NotImplementedError
+
+    def _fail(self, ts: TaskState, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    def _set_state(self, ts: TaskState, new: TaskStateName) -> None:
+        raise NotImplementedError
+
+    def _make_ready(self, ts: TaskState) -> None:
+        raise NotImplementedError
+
+    def _ensure_computed(self, root: TaskState) -> None:
+        raise NotImplementedError
+
+    def _release_if_unneeded(self, ts: TaskState) -> None:
+        raise NotImplementedError
+
+    def _finished_message(self, ts: TaskState, data: bytes | None) -> Message:
+        raise NotImplementedError
+
+    def handle_release(self, client: str, keys: list[str]) -> None:
+        raise NotImplementedError
+
+    def _init_recovery(self, wait: float) -> None:
+        self.recovery = Recovery(self.clock() + wait, wait <= 0)  # one attribute (see state.py)
+
+    def recovering(self) -> bool:
+        recovery = self.recovery
+        return not recovery.over and self.clock() < recovery.until
+
+    # -------------------------------------------------------------- workers
+    def _adopt(self, ws: WorkerState, report: WorkerReport) -> None:
+        """Book what a registering worker runs and holds, before it gets new work."""
+        recovering = self.recovering()
+        highest = 0
+        for run in report.running:
+            highest = max(highest, run.run_id)
+            self._adopt_run(ws, run, recovering)
+        if highest:
+            # The scheduler's next run ids must not clash with this worker's runs.
+            self._seq = itertools.count(max(next(self._seq), highest + 1))
+        for key in report.held:
+            self._adopt_held(ws, key, recovering)
+        if report.running or report.held:
+            logger.info(
+                "worker %s brought %d results and %d runs from before the restart",
+                ws.name,
+                len(report.held),
+                len(report.running),
+            )
+
+    def _adopt_run(self, ws: WorkerState, run: ReportedRun, recovering: bool) -> None:
+        ts = self.tasks.get(run.key)
+        running_on = ts.processing_on.name if ts is not None and ts.processing_on else None
+        decision = decide_run(
+            run.key,
+            ts.state if ts is not None else None,
+            recovering,
+            run,
+            ts.shape if ts is not None and ts.func else None,
+            running_on,
+        )
+        _log_conflict(ws, decision)
+        if decision.action == "stale":
+            # Not this key's run: it holds its resources until it ends, then is dropped.
+            stale = TaskState(run.key, b"", b"", run.shape, 0, 0, -1)
+            self._book(ws, run.run_id, stale)
+            if not run.cancelled:
+                self.send(ws.address, {"op": "cancel", "run_id": run.run_id})
+            return
+        if ts is None:  # adopt-unclaimed
+            ts = self._placeholder(run.key, run.shape)
+        elif ts.state != "released":
+            self._set_state(ts, "released")  # out of its queue or wait
+        ts.shape = run.shape
+        self._book(ws, run.run_id, ts)
+        ts.processing_on = ws
+        ts.run_id = run.run_id
+        self._set_state(ts, "processing")
+
+    def _adopt_held(self, ws: WorkerState, key: str, recovering: bool) -> None:
+        ts = self.tasks.get(key)
+        decision = decide_held(key, ts.state if ts is not None else None, recovering)
+        _log_conflict(ws, decision)
+        if decision.action == "drop":
+            self.send(ws.address, {"op": "free-keys", "keys": [key]})
+            return
+        if ts is None:  # keep-unclaimed
+            ts = self._placeholder(key, ())
+        if decision.action == "add-holder" and ts.state == "memory":
+            ts.who_has = self._with(ts.who_has, ws)
+            ws.has_what.add(ts)
+            return
+        self._set_state(ts, "memory")  # a run elsewhere is cancelled on the way
+        ts.who_has = self._with(ts.who_has, ws)
+        ws.has_what.add(ts)
+        finished = self._finished_message(ts, None)
+        for wanter in ts.who_wants:
+            self.send(wanter, finished)
+        for dependent in ts.dependents:
+            if dependent.state == "waiting":
+                dependent.n_waiting -= 1
+                if dependent.n_waiting == 0:
+                    self._make_ready(dependent)
+        for dep in ts.dependencies:
+            self._release_if_unneeded(dep)
+
+    def _placeholder(self, key: str, shape: Shape) -> TaskState:
+        """A key a worker reported before any client re-registered it: no lineage yet."""
+        ts = TaskState(key, b"", b"", shape, 0, 0, next(self._seq), self._with(NOTHING, RECOVERING))
+        self.tasks[key] = ts
+        self.recovery.unclaimed[ts] = None
+        return ts
+
+    def _book(self, ws: WorkerState, run_id: int, ts: TaskState) -> None:
+        """Count a run already under way on ``ws`` (as ``_assign`` does, without sending)."""
+        if not ws.processing:
+            self.idle.pop(ws, None)
+            ws.idle_since = None
+        ws.processing[run_id] = ts
+        used, free, total = ws.used, ws.free, ws.total
+        for name, amount in ts.shape:
+            used[name] = used.get(name, 0) + amount
+            free[name] = total.get(name, 0) - used[name]
+        if len(ws.processing) >= ws.slots:
+            self.with_slots.pop(ws, None)
+
+    # -------------------------------------------------------------- clients
+    def _claim(self, client: str, ts: TaskState, spec: Message) -> None:
+        """A client re-registers a key the scheduler knows: it brings the lineage of a key
+        only a worker reported; a different task under a known key gives way."""
+        ts.who_wants = self._without(ts.who_wants, RECOVERING)
+        if not ts.func:
+            ts.func, ts.args = spec["func"], spec["args"]
+            if ts.state != "processing":  # a run keeps the resources it holds
+                ts.shape = to_shape(spec.get("resources"))
+            ts.priority = int(spec.get("priority") or 0)
+            ts.retries = int(spec.get("retries") or 0)
+            deps = [self.tasks[d] for d in spec.get("deps") or () if d in self.tasks]
+            ts.dependencies = deps
+            for dep in deps:
+                if not isinstance(dep.dependents, set):
+                    dep.dependents = set()
+                dep.dependents.add(ts)
+            self.recovery.unclaimed.pop(ts, None)
+        elif ts.func != spec["func"] or ts.args != spec["args"]:
+            logger.warning(
+                "client %s re-registered %r as a different task than the one known; "
+                "keeping the one registered first",
+                client,
+                ts.key,
+            )
+
+    def _drop_unclaimed(self, ts: TaskState) -> None:
+        """A reported key lost its holder or run before any client brought its lineage:
+        forget it (a client re-registering it later has it computed); fail it only if
+        something still waits for it, as nothing can compute it."""
+        ts.who_wants = self._without(ts.who_wants, RECOVERING)
+        self.recovery.unclaimed.pop(ts, None)
+        if ts.who_wants or ts.dependents:
+            self._fail(
+                ts,
+                LookupError(
+                    f"the result of {ts.key!r} was lost in a scheduler restart and no client "
+                    "re-registered how to compute it: submit it again"
+                ),
+            )
+        else:
+            self._release_if_unneeded(ts)
+
+    def release_after_recovery(self, client: str, keys: list[str]) -> None:
+        """A reconnecting client's keys wanted only as lineage: released once the tasks
+        held back until the wait ends are on their way (their dependents need them)."""
+        if self.recovering():
+            self.recovery.releases.append((client, keys))
+        else:
+            self.handle_release(client, keys)
+
+    # --------------------------------------------------------------- timers
+    def recovery_deadline(self) -> float | None:
+        """When the wait ends, while something waits for that (None otherwise)."""
+        recovery = self.recovery
+        if recovery.over or not (recovery.deferred or recovery.unclaimed or recovery.releases):
+            return None
+        return recovery.until
+
+    def end_recovery(self) -> None:
+        """The wait is over: release what nobody claimed, compute what nobody brought."""
+        recovery = self.recovery
+        recovery.over = True
+        unclaimed = [ts.key for ts in recovery.unclaimed if ts.key in self.tasks]
+        recovery.unclaimed = {}
+        if unclaimed:
+            logger.info("releasing %d results and runs no client claimed", len(unclaimed))
+        deferred, recovery.deferred = recovery.deferred, []
+        for ts in deferred:
+            if ts.state == "released" and self.tasks.get(ts.key) is ts:
+                self._ensure_computed(ts)
+        releases, recovery.releases = recovery.releases, []
+        for client, keys in releases:
+            self.handle_release(client, keys)
+        self.handle_release(RECOVERING, unclaimed)
+
+
+class Recovery:
+    """Where a scheduler stands in its recovery wait (see the module docstring)."""
+
+    __slots__ = ("deferred", "over", "releases", "unclaimed", "until")
+
+    def __init__(self, until: float, over: bool) -> None:
+        self.until = until
+        self.over = over
+        # Re-registered tasks held back until the wait ends.
+        self.deferred: list[TaskState] = []
+        # Keys only a worker reported, wanted by RECOVERING until a client claims them.
+        self.unclaimed: dict[TaskState, None] = {}
+        # (client, keys) it re-registered as lineage only, released when the wait ends.
+        self.releases: list[tuple[str, list[str]]] = []
+
+
+def _log_conflict(ws: WorkerState, decision: Decision) -> None:
+    if decision.conflict is not None:
+        logger.warning("recovery: report of worker %s: %s", ws.name, decision.conflict)

@@ -1,0 +1,125 @@
+"""Rebuilding a new scheduler from what workers report: pure decisions, no state.
+
+A scheduler keeps nothing on disk. After a restart, each worker's first message says which
+results it holds and which runs are in its threads (with the resources each holds), and
+each client re-registers the tasks it still wants. This module reads a worker's report and
+decides, for each reported result or run, what the scheduler does with it given what it
+knows of that key already; ``scheduler/adoption.py`` carries the decisions out.
+
+Conflicts are settled by one rule, the same whatever the order of arrival within a kind:
+what the scheduler knows first stays, a later claim gives way (its run is cancelled, its
+resources stay booked until it ends), and a held result beats a run (a result is never
+computed twice when one exists).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from apportion.protocol import ProtocolError
+from apportion.resources import Shape, to_shape, validate
+
+# Unclaimed results and runs are wanted by this pseudo-client until the recovery wait ends
+# (clients re-registering take them over); its name cannot clash with a client id.
+RECOVERING = "(recovering)"
+
+
+@dataclass(frozen=True)
+class ReportedRun:
+    key: str
+    run_id: int
+    shape: Shape
+    cancelled: bool
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    held: list[str]
+    running: list[ReportedRun]
+
+
+def parse_report(message: Any) -> WorkerReport:
+    """A worker's ``recover`` message, checked; ProtocolError says what is wrong."""
+    if not isinstance(message, dict) or message.get("op") != "recover":
+        raise ProtocolError(
+            f"a worker registering with 'report' must send 'recover' first, got {message!r:.200}"
+        )
+    held = message.get("held")
+    if not isinstance(held, list) or not all(isinstance(k, str) for k in held):
+        raise ProtocolError("'recover' needs 'held': a list of keys")
+    runs = message.get("running")
+    if not isinstance(runs, list):
+        raise ProtocolError("'recover' needs 'running': a list of runs")
+    running = []
+    for run in runs:
+        try:
+            key, run_id = run["key"], run["run_id"]
+            if not isinstance(key, str) or type(run_id) is not int:
+                raise TypeError("key must be a string and run_id an integer")
+            shape = to_shape(validate(run.get("resources") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"'recover' has a malformed run {run!r:.200}: {exc}") from None
+        running.append(ReportedRun(key, run_id, shape, bool(run.get("cancelled"))))
+    return WorkerReport(held, running)
+
+
+# What the scheduler knows of a reported key: None (nothing), or the task's state.
+Known = str | None
+
+HeldAction = Literal["keep-unclaimed", "add-holder", "adopt-result", "drop"]
+RunAction = Literal["adopt-unclaimed", "adopt-run", "stale"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    # Set for a conflict: why a report gives way, for the log.
+    conflict: str | None = None
+
+
+def decide_held(key: str, known: Known, recovering: bool) -> Decision:
+    """A worker holds the result of ``key``."""
+    if known is None:
+        if recovering:
+            return Decision("keep-unclaimed")  # for a client still to re-register it
+        return Decision("drop")  # the wait is over: nobody wants it
+    if known == "memory":
+        return Decision("add-holder")
+    if known == "erred":
+        return Decision("drop", f"{key!r} is known as failed; the held result is dropped")
+    # Released, waiting, queued, no-worker, or running elsewhere: the result exists, so
+    # nothing runs it (a run elsewhere is cancelled).
+    return Decision("adopt-result")
+
+
+def decide_run(
+    key: str,
+    known: Known,
+    recovering: bool,
+    run: ReportedRun,
+    known_shape: Shape | None,
+    running_on: str | None,
+) -> Decision:
+    """A worker runs ``key`` (``run``); ``running_on`` names the worker already running it."""
+    if run.cancelled:
+        return Decision("stale")  # cancelled before the restart: it only holds resources
+    if known is None:
+        if recovering:
+            return Decision("adopt-unclaimed")
+        return Decision("stale", f"nobody wants {key!r} any more; its run is cancelled")
+    if known_shape is not None and known_shape != run.shape:
+        return Decision(
+            "stale",
+            f"{key!r} is registered with resources {dict(known_shape)} but runs with "
+            f"{dict(run.shape)}; the run is cancelled",
+        )
+    if known == "memory":
+        return Decision("stale", f"{key!r} is already held; the run is cancelled")
+    if known == "erred":
+        return Decision("stale", f"{key!r} is known as failed; the run is cancelled")
+    if known == "processing":
+        return Decision(
+            "stale", f"{key!r} already runs on {running_on}, which reported first; cancelled"
+        )
+    return Decision("adopt-run")  # released, waiting, queued or no-worker: it runs here

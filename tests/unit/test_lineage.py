@@ -1,0 +1,53 @@
+"""What a client re-registers after a scheduler restart (apportion/lineage.py)."""
+
+from __future__ import annotations
+
+from apportion.futures import FutureState
+from apportion.lineage import re_registration
+
+
+def state(key: str, *deps: FutureState, status: str = "pending") -> FutureState:
+    s = FutureState(key)
+    s.spec = {"key": key, "deps": [d.key for d in deps]}
+    s.deps = list(deps)
+    s.status = status
+    return s
+
+
+def keys(specs: list[dict]) -> list[str]:
+    return [spec["key"] for spec in specs]
+
+
+def test_dependencies_come_before_their_dependents_and_each_key_once() -> None:
+    a = state("a")
+    b = state("b", a)
+    c = state("c", a, b)
+    specs, lineage_only = re_registration([c, b, a])
+    assert keys(specs) == ["a", "b", "c"]
+    assert lineage_only == []
+    assert specs[2] is c.spec  # the spec as submitted, not a copy
+
+
+def test_a_dependency_whose_future_was_dropped_is_sent_as_lineage_only() -> None:
+    load = state("load", status="finished")
+    process = state("process", load)
+    specs, lineage_only = re_registration([process])  # the client dropped load's future
+    assert keys(specs) == ["load", "process"]
+    assert lineage_only == ["load"]
+
+
+def test_failed_and_cancelled_futures_are_not_re_registered() -> None:
+    ok = state("ok", status="finished")
+    bad = state("bad", status="error")
+    gone = state("gone", status="cancelled")
+    specs, _ = re_registration([ok, bad, gone])
+    assert keys(specs) == ["ok"]
+
+
+def test_a_long_chain_is_walked_without_recursion() -> None:
+    chain = [state("t0")]
+    for i in range(1, 20_000):
+        chain.append(state(f"t{i}", chain[-1]))
+    specs, lineage_only = re_registration([chain[-1]])
+    assert keys(specs) == [f"t{i}" for i in range(20_000)]
+    assert len(lineage_only) == 19_999

@@ -1,0 +1,262 @@
+"""A new scheduler rebuilt from workers' reports and clients' re-registrations.
+
+The decisions (scheduler/recovery.py) are tested as pure functions; their effects on
+``SchedulerState`` through ``Sim``, which checks the resource accounting after every step
+against its own ledger of the runs each worker has not reported over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from apportion.scheduler.recovery import (
+    RECOVERING,
+    ReportedRun,
+    WorkerReport,
+    decide_held,
+    decide_run,
+    parse_report,
+)
+
+from apportion.protocol import ProtocolError
+from tests.unit.sim import FakeClock, Sim, task
+
+WAIT = 5.0
+
+
+class RecoverySim(Sim):
+    """A scheduler just started, to which workers of the previous one come back."""
+
+    def __init__(self) -> None:
+        self.fake = FakeClock()
+        super().__init__({"scheduler.recovery-wait": WAIT}, self.fake)
+        self.add_client("c")
+
+    def rejoin(
+        self,
+        address: str,
+        resources: dict[str, float] | None = None,
+        nthreads: int = 2,
+        held: list[str] = (),  # type: ignore[assignment]
+        running: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    ) -> None:
+        """A worker registers with what it kept: its runs go on, so the fake worker knows
+        them as outstanding (each holding its resources)."""
+        self.worker_addresses.add(address)
+        self.runs[address] = {
+            run["run_id"]: {"key": run["key"], "resources": run.get("resources", {})}
+            for run in running
+        }
+        report = parse_report({"op": "recover", "held": list(held), "running": list(running)})
+        self.state.add_worker(address, address, nthreads, dict(resources or {}), report=report)
+        self.step()
+
+    def resubmit(self, *specs: dict[str, Any], client: str = "c") -> None:
+        self.state.handle_submit(client, list(specs), recover=True)
+        self.step()
+
+    def end_wait(self) -> None:
+        self.fake.now += WAIT
+        self.state.check_timeouts()
+        self.step()
+
+
+def run(key: str, run_id: int, cancelled: bool = False, **resources: float) -> dict[str, Any]:
+    return {"key": key, "run_id": run_id, "resources": resources, "cancelled": cancelled}
+
+
+# ------------------------------------------------------------------- pure decisions
+@pytest.mark.parametrize(
+    ("known", "recovering", "action"),
+    [
+        (None, True, "keep-unclaimed"),
+        (None, False, "drop"),
+        ("memory", True, "add-holder"),
+        ("erred", True, "drop"),
+        ("released", True, "adopt-result"),
+        ("queued", False, "adopt-result"),
+        ("processing", True, "adopt-result"),
+    ],
+)
+def test_a_held_result_is_adopted_unless_known_as_failed_or_unwanted(
+    known: str | None, recovering: bool, action: str
+) -> None:
+    assert decide_held("k", known, recovering).action == action
+
+
+GPU = (("GPU", 1.0),)
+
+
+@pytest.mark.parametrize(
+    ("known", "recovering", "cancelled", "known_shape", "action", "conflict"),
+    [
+        (None, True, False, None, "adopt-unclaimed", False),
+        (None, False, False, None, "stale", True),
+        ("released", True, False, GPU, "adopt-run", False),
+        ("queued", True, False, GPU, "adopt-run", False),
+        ("processing", True, False, GPU, "stale", True),  # another worker reported first
+        ("memory", True, False, GPU, "stale", True),
+        ("released", True, False, (("GPU", 2.0),), "stale", True),  # another demand
+        ("released", True, True, GPU, "stale", False),  # cancelled before the restart
+    ],
+)
+def test_a_reported_run_is_adopted_only_when_nothing_else_has_the_key(
+    known: str | None,
+    recovering: bool,
+    cancelled: bool,
+    known_shape: Any,
+    action: str,
+    conflict: bool,
+) -> None:
+    reported = ReportedRun("k", 3, GPU, cancelled)
+    decision = decide_run("k", known, recovering, reported, known_shape, "w0")
+    assert decision.action == action
+    assert (decision.conflict is not None) == conflict
+
+
+def test_a_report_is_parsed_and_a_malformed_one_is_refused_with_the_reason() -> None:
+    report = parse_report({"op": "recover", "held": ["a"], "running": [run("b", 4, GPU=1)] * 1})
+    assert report == WorkerReport(["a"], [ReportedRun("b", 4, (("GPU", 1),), False)])
+    with pytest.raises(ProtocolError, match="must send 'recover' first"):
+        parse_report({"op": "heartbeat"})
+    with pytest.raises(ProtocolError, match="'held': a list of keys"):
+        parse_report({"op": "recover", "held": "a", "running": []})
+    with pytest.raises(ProtocolError, match="malformed run"):
+        parse_report({"op": "recover", "held": [], "running": [{"key": "b", "run_id": "x"}]})
+    with pytest.raises(ProtocolError, match="malformed run"):
+        parse_report({"op": "recover", "held": [], "running": [run("b", 1, GPU=-1)]})
+
+
+# ------------------------------------------------------------- rebuilding the state
+def test_held_results_and_runs_are_booked_exactly_and_not_computed_again() -> None:
+    sim = RecoverySim()
+    sim.rejoin("w1", {"GPU": 2}, held=["load-1", "load-2"], running=[run("gpu-1", 41, GPU=2)])
+    assert sim.used("w1") == {"GPU": 2}
+    # The client comes back: the results it wants are there, the run goes on.
+    sim.resubmit(
+        task("load-1"),
+        task("load-2"),
+        task("gpu-1", ["load-1"], {"GPU": 2}),
+        task("gpu-2", ["load-2"], {"GPU": 2}),
+    )
+    assert sim.client_ops("load-1") == ["task-finished"]
+    assert sim.computes == []  # gpu-2 waits for the end of the recovery wait
+    sim.end_wait()
+    assert sim.computed_keys() == []  # no GPU free on w1: gpu-1 still holds both
+    sim.finish("gpu-1", run=("w1", 41))
+    assert sim.client_ops("gpu-1") == ["task-finished"]
+    assert sim.computed_keys() == ["gpu-2"]  # nothing held or running ran again
+    _, message = sim.computes[0]
+    assert message["run_id"] > 41  # no clash with the runs the worker reported
+    sim.finish("gpu-2")
+    assert sim.states() == {k: "memory" for k in ("load-1", "load-2", "gpu-1", "gpu-2")}
+
+
+def test_a_worker_coming_back_before_the_wait_ends_claims_a_re_registered_task() -> None:
+    sim = RecoverySim()
+    sim.rejoin("w1")
+    sim.resubmit(task("a"), task("b"))
+    assert sim.computes == []
+    sim.rejoin("w2", held=["a"], running=[run("b", 9)])
+    sim.end_wait()
+    assert sim.computes == []
+    assert sim.states() == {"a": "memory", "b": "processing"}
+    sim.finish("b", run=("w2", 9))
+    assert sim.client_ops("b") == ["task-finished"]
+
+
+def test_what_no_client_claims_is_released_when_the_wait_ends() -> None:
+    sim = RecoverySim()
+    sim.rejoin("w1", {"GPU": 1}, held=["orphan"], running=[run("lonely", 5, GPU=1)])
+    assert sim.state.tasks["orphan"].who_wants == frozenset({RECOVERING})
+    sim.end_wait()
+    assert sim.freed.get("w1") == ["orphan"]
+    assert sim.cancels.get("w1") == [5]
+    assert sim.used("w1") == {"GPU": 1}  # until the worker confirms the run stopped
+    sim.released("lonely", run=("w1", 5))
+    assert sim.used("w1") == {"GPU": 0} and sim.states() == {}
+
+
+def test_after_the_wait_an_unknown_held_result_is_dropped_and_an_unknown_run_cancelled() -> None:
+    sim = RecoverySim()
+    sim.end_wait()
+    sim.rejoin("late", {"GPU": 1}, held=["old"], running=[run("old-run", 3, GPU=1)])
+    assert sim.freed["late"] == ["old"] and sim.cancels["late"] == [3]
+    assert sim.used("late") == {"GPU": 1} and sim.states() == {}
+    sim.released("old-run", run=("late", 3))
+    assert sim.used("late") == {"GPU": 0}
+
+
+def test_two_workers_running_the_same_key_the_first_reported_keeps_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = RecoverySim()
+    sim.rejoin("w1", {"GPU": 1}, running=[run("k", 7, GPU=1)])
+    sim.rejoin("w2", {"GPU": 1}, running=[run("k", 8, GPU=1)])
+    assert "already runs on w1, which reported first" in caplog.text
+    assert sim.cancels == {"w2": [8]}
+    assert sim.used("w1") == sim.used("w2") == {"GPU": 1}  # both threads hold a GPU
+    sim.resubmit(task("k", resources={"GPU": 1}))
+    sim.finish("k", run=("w2", 8))  # the cancelled run's result is not taken
+    assert sim.client_ops("k") == [] and sim.freed.get("w2") == ["k"]
+    sim.finish("k", run=("w1", 7))
+    assert sim.client_ops("k") == ["task-finished"]
+
+
+def test_a_held_result_beats_a_run_of_the_same_key_elsewhere() -> None:
+    sim = RecoverySim()
+    sim.rejoin("w1", running=[run("k", 7)])
+    sim.rejoin("w2", held=["k"])
+    assert sim.cancels == {"w1": [7]}
+    assert sim.state.tasks["k"].who_has == frozenset({sim.state.workers["w2"]})
+
+
+def test_a_client_re_registering_a_key_as_another_task_keeps_the_first(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sim = RecoverySim()
+    sim.resubmit(task("k"))
+    other = {**task("k"), "func": b"something else"}
+    sim.resubmit(other, client="d")
+    assert "re-registered 'k' as a different task" in caplog.text
+    assert sim.state.tasks["k"].func == b"func-k"
+
+
+def test_a_held_result_whose_holder_dies_before_any_client_claims_it_is_forgotten() -> None:
+    sim = RecoverySim()
+    sim.rejoin("w1", held=["x"])
+    sim.remove_worker("w1")
+    assert sim.states() == {} and sim.computes == []
+    # A client re-registering it afterwards has it computed from its lineage.
+    sim.rejoin("w2")
+    sim.resubmit(task("x"))
+    sim.end_wait()
+    assert sim.computed_keys() == ["x"]
+
+
+def test_a_reported_run_of_a_re_registered_queued_task_takes_its_place() -> None:
+    sim = RecoverySim()
+    sim.end_wait()
+    sim.rejoin("w1", {"GPU": 1}, nthreads=1)
+    sim.submit("busy", resources={"GPU": 1})
+    sim.submit("k", resources={"GPU": 1})  # queued behind busy, reserving w1
+    sim.rejoin("w2", {"GPU": 1}, running=[run("k", 99, GPU=1)])
+    assert sim.states()["k"] == "processing"
+    sim.finish("busy")
+    assert sim.computed_keys() == ["busy"]  # k was not started again
+    sim.finish("k", run=("w2", 99))
+    assert sim.states() == {"busy": "memory", "k": "memory"}
+
+
+def test_a_result_kept_only_as_lineage_is_not_dropped_before_its_dependent_is_under_way() -> None:
+    sim = RecoverySim()
+    sim.rejoin("w1", held=["dep"])
+    sim.resubmit(task("dep"), task("out", ["dep"]))
+    sim.state.release_after_recovery("c", ["dep"])  # the client holds no future of dep
+    sim.step()
+    assert sim.freed == {}
+    sim.end_wait()
+    assert sim.computed_keys() == ["out"]  # dep, held all along, is not computed again
+    sim.finish("out")
+    assert sim.freed == {"w1": ["dep"]}  # no longer needed once out is in memory
