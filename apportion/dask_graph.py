@@ -21,6 +21,7 @@ Everything here is pure (no I/O, no client): tested on its own.
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
@@ -49,12 +50,6 @@ Annotations = Mapping[str, Any]
 # with a warning naming them.
 UNDERSTOOD = KNOWN
 
-# Annotations written around the creation of an expression-backed collection (a
-# dataframe), by expression name. Names are content hashes: the same expression built
-# again outside any block gets the same name, and keeps them (the last write wins).
-_EXPRESSION_ANNOTATIONS: dict[str, dict[str, Any]] = {}
-
-
 def to_key(key: Key) -> str:
     """The apportion key of a Dask key (a string, or a tuple such as ``("x-1a2b", 3)``)."""
     return key if isinstance(key, str) else str(key)
@@ -69,17 +64,39 @@ class AnnotationTable:
     """Annotations per Dask key (from graph layers) and per expression name (dataframes)."""
 
     by_key: dict[Key, Annotations] = field(default_factory=dict)
-    by_name: Mapping[str, Annotations] = field(default_factory=dict)
-    # Dask's own final step (``finalize-...``, added at compute time): fused with the
-    # user's last tasks, it takes theirs, so agreeing annotations keep Dask's task count.
+    by_name: dict[str, Annotations] = field(default_factory=dict)
+    # Tasks that run nothing of their own: Dask's final step (``finalize-...``, added at
+    # compute time; fused with the user's last tasks, it takes theirs, so agreeing
+    # annotations keep Dask's task count) and the boundaries of annotated dataframe
+    # steps (aliases). By key or by name.
     neutral: set[Key] = field(default_factory=set)
+    _by_token: dict[str, Annotations] | None = field(default=None, repr=False)
 
     def lookup(self, key: Key) -> Annotations | None:
         found = self.by_key.get(key)
         if found is None and self.by_name:
-            name = key[0] if isinstance(key, tuple) and key else key
-            found = self.by_name.get(name) if isinstance(name, str) else None
+            found = self._by_key_name(_name_of(key))
+            if found is not None and any(callable(v) for v in found.values()):
+                found = _resolved(found, key)  # annotate(priority=lambda key: ...)
         return found
+
+    def _by_key_name(self, name: Any) -> Annotations | None:
+        """An expression's tasks are named after it, or (a shuffle's stages, a merge's
+        splits) carry its token inside a name of their own: ``split-<name>``."""
+        if not isinstance(name, str):
+            return None
+        found = self.by_name.get(name)
+        if found is None:
+            if self._by_token is None:
+                self._by_token = {n.rsplit("-", 1)[-1]: a for n, a in self.by_name.items()}
+            for token in _TOKEN.findall(name):
+                found = self._by_token.get(token)
+                if found is not None:
+                    break
+        return found
+
+    def is_neutral(self, key: Key) -> bool:
+        return key in self.neutral or _name_of(key) in self.neutral
 
     def __bool__(self) -> bool:
         return bool(self.by_key) or bool(self.by_name)
@@ -90,16 +107,18 @@ def read_annotations(expr: Any) -> AnnotationTable:
     """Per-key annotations of every high-level-graph layer in ``expr``, before optimization."""
     from dask._expr import Expr, HLGExpr, HLGFinalizeCompute
 
-    by_name: dict[str, Annotations] = {}
-    table = AnnotationTable(by_name=by_name)
+    table = AnnotationTable()
+    if "dask.dataframe" in sys.modules:  # never imported here: pandas is slow to import
+        from apportion import dask_regions
+
+        table.by_name, boundaries = dask_regions.annotations_by_name(expr)
+        table.neutral.update(boundaries)
     stack, seen = [expr], set()
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if _EXPRESSION_ANNOTATIONS and node._name in _EXPRESSION_ANNOTATIONS:
-            by_name[node._name] = _EXPRESSION_ANNOTATIONS[node._name]
         if isinstance(node, HLGFinalizeCompute):
             table.neutral.add(node._name)
         if isinstance(node, HLGExpr):
@@ -114,19 +133,30 @@ def read_annotations(expr: Any) -> AnnotationTable:
     return table
 
 
+# Dask's deterministic tokens (an md5 in hex) inside a key's name.
+_TOKEN = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
+
+
+def _name_of(key: Key) -> Any:
+    return key[0] if isinstance(key, tuple) and key else key
+
+
+def _resolved(annotations: Annotations, key: Key) -> dict[str, Any]:
+    """Per-key annotations (``annotate(priority=lambda key: ...)``) evaluated for ``key``."""
+    from dask._expr import _AnnotationsTombstone
+
+    values = {name: value(key) if callable(value) else value for name, value in annotations.items()}
+    # Dask rebuilds delayed graphs with per-key annotations whose "none" is a tombstone.
+    return {k: v for k, v in values.items() if not isinstance(v, _AnnotationsTombstone)}
+
+
 def _read_layer(keys: Iterable[Key], annotations: Annotations, out: dict[Key, Annotations]) -> None:
     if not any(callable(value) for value in annotations.values()):
         shared = dict(annotations)
         out.update(dict.fromkeys(keys, shared))
         return
-    from dask._expr import _AnnotationsTombstone
-
     for key in keys:  # Dask's per-key form: annotate(priority=lambda key: ...)
-        values = {
-            name: value(key) if callable(value) else value for name, value in annotations.items()
-        }
-        # Dask rebuilds delayed graphs with per-key annotations whose "none" is a tombstone.
-        values = {k: v for k, v in values.items() if not isinstance(v, _AnnotationsTombstone)}
+        values = _resolved(annotations, key)
         if values:
             out[key] = values
 
@@ -163,10 +193,11 @@ def _cull_outside_annotations() -> None:
 
 
 def capture_expressions() -> None:
-    """Record the annotations around each dataframe collection created from now on.
+    """Bracket each dataframe step written inside an annotate block from now on.
 
-    Dask's dataframes (expressions) drop annotations, with a warning; apportion keeps
-    them by expression name, so the tasks of that expression carry them. Idempotent.
+    Dask's dataframes (expressions) drop annotations, with a warning; apportion puts the
+    new expression of each collection created under annotations between boundaries that
+    survive the optimizer (``apportion.dask_regions``). Idempotent.
     """
     try:
         from dask.dataframe.dask_expr import _collection
@@ -175,13 +206,15 @@ def capture_expressions() -> None:
     original = _collection.FrameBase.__init__
     if getattr(original, "__apportion_capture__", False):
         return
+    from apportion import dask_regions
 
     def __init__(self: Any, expr: Any) -> None:
         from apportion.annotations import current
 
         annotations = {**dask.get_annotations(), **current()}
         if annotations:
-            _EXPRESSION_ANNOTATIONS[expr._name] = annotations
+            expr = dask_regions.bracket(expr, annotations)
+        dask_regions.remember(expr)
         original(self, expr)
 
     __init__.__apportion_capture__ = True  # type: ignore[attr-defined]
@@ -277,10 +310,10 @@ def split_mixed(
             # Cannot be taken apart: it runs as one task, with the largest of each demand.
             result[key] = node
             inner = dict(node.args[0])
-            annotations[key] = _merged(_annotations_of_parts(inner, table).values())
+            annotations[key] = merged(_annotations_of_parts(inner, table).values())
             continue
         found = _annotations_of_parts(parts, table)
-        distinct = {_signature(a): a for k, a in found.items() if k not in table.neutral}
+        distinct = {_signature(a): a for k, a in found.items() if not table.is_neutral(k)}
         if len(distinct) <= 1:
             result[key] = node
             annotations[key] = next(iter(distinct.values()), None)
@@ -307,7 +340,7 @@ def split_mixed(
     return result, {k: v for k, v in annotations.items() if v is not None}
 
 
-def _merged(all_annotations: Iterable[Annotations | None]) -> Annotations | None:
+def merged(all_annotations: Iterable[Annotations | None]) -> Annotations | None:
     """One task's annotations from its parts': the largest demand of each resource, the
     most retries, the highest priority."""
     merged: dict[str, Any] = {}
