@@ -50,6 +50,7 @@ Annotations = Mapping[str, Any]
 # with a warning naming them.
 UNDERSTOOD = KNOWN
 
+
 def to_key(key: Key) -> str:
     """The apportion key of a Dask key (a string, or a tuple such as ``("x-1a2b", 3)``)."""
     return key if isinstance(key, str) else str(key)

@@ -31,8 +31,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from dask._task_spec import Alias, Task
 from dask._expr import Expr as AnyExpr
+from dask._task_spec import Alias, Task
 from dask.dataframe.dask_expr._expr import Elemwise, Expr, Fused
 
 Side = Literal["enter", "exit"]
@@ -105,7 +105,7 @@ def bracket(expr: Expr, annotations: Mapping[str, Any]) -> Expr:
     signature = repr(sorted((str(k), repr(v)) for k, v in annotations.items()))
     token = hashlib.sha1(f"{expr._name}|{signature}".encode()).hexdigest()
     region = Region(annotations, token)
-    inner = expr
+    inner: AnyExpr = expr
     for each in _inputs(expr):
         inner = inner.substitute(each, AnnotationBoundary(each, region, "enter"))
     return AnnotationBoundary(inner, region, "exit")
@@ -153,7 +153,7 @@ def annotations_by_name(expr: Any) -> tuple[dict[str, Mapping[str, Any]], set[st
                 if region.token in tokens:
                     regions = regions[: tokens.index(region.token)]
         elif regions:
-            annotations = regions[-1].annotations
+            annotations: Mapping[str, Any] = regions[-1].annotations
             previous = by_name.get(node._name)
             if previous is not None and previous != annotations:
                 from apportion.dask_graph import merged
