@@ -6,8 +6,9 @@ layers whose annotations differ, and dataframes (expressions) ignore them altoge
 So apportion reads them *before* optimization and checks them again after:
 
 1. ``read_annotations`` records, per key, the annotations of the layers of every
-   high-level graph in the expression before Dask optimizes it, plus those recorded for
-   dataframe expressions created inside an annotate block (``capture_expressions``).
+   high-level graph in the expression before Dask optimizes it, plus those of the
+   dataframe steps written inside an annotate block, found between their boundaries in
+   the optimized expression (``apportion.dask_regions``; ``apportion.dask_patches``).
 2. ``materialize`` lets Dask optimize as usual, except that blockwise fusion may not
    merge layers whose annotations differ (``optimization.annotations.fuse: False``).
 3. ``split_mixed`` takes apart every fused task whose parts were written under different
@@ -164,64 +165,9 @@ def _read_layer(keys: Iterable[Key], annotations: Annotations, out: dict[Key, An
 
 def install() -> None:
     """What Dask needs so that annotations reach apportion intact; idempotent."""
-    _cull_outside_annotations()
-    if "dask.dataframe" in sys.modules:  # never imported here: pandas is slow to import
-        capture_expressions()
+    from apportion import dask_patches
 
-
-def _cull_outside_annotations() -> None:
-    """Dask culls a high-level graph into new layers which, given no annotations of their
-    own, take those of the annotate block being run: unannotated tasks built outside the
-    block then carry its demand (a ``delayed`` call inside a block culls its arguments'
-    graphs). Culling now runs outside any block, so a layer keeps what it was written with.
-    """
-    from dask import base
-    from dask.highlevelgraph import HighLevelGraph
-
-    original = HighLevelGraph.cull
-    if getattr(original, "__apportion_fix__", False):
-        return
-
-    def cull(self: Any, keys: Any) -> Any:
-        token = base._annotations.set(None)
-        try:
-            return original(self, keys)
-        finally:
-            base._annotations.reset(token)
-
-    cull.__apportion_fix__ = True  # type: ignore[attr-defined]
-    HighLevelGraph.cull = cull  # type: ignore[method-assign]
-
-
-def capture_expressions() -> None:
-    """Bracket each dataframe step written inside an annotate block from now on.
-
-    Dask's dataframes (expressions) drop annotations, with a warning; apportion puts the
-    new expression of each collection created under annotations between boundaries that
-    survive the optimizer (``apportion.dask_regions``). Idempotent.
-    """
-    try:
-        from dask.dataframe.dask_expr import _collection
-    except ImportError:  # dask without its dataframe extra
-        return
-    original = _collection.FrameBase.__init__
-    if getattr(original, "__apportion_capture__", False):
-        return
-    from apportion import dask_regions
-
-    def __init__(self: Any, expr: Any) -> None:
-        from apportion.annotations import current
-
-        annotations = {**dask.get_annotations(), **current()}
-        if annotations:
-            expr = dask_regions.bracket(expr, annotations)
-        dask_regions.remember(expr)
-        original(self, expr)
-
-    __init__.__apportion_capture__ = True  # type: ignore[attr-defined]
-    _collection.FrameBase.__init__ = __init__  # type: ignore[method-assign]
-    # Its "annotations will be ignored" warning no longer holds.
-    _collection._WARN_ANNOTATIONS = False
+    dask_patches.install()
 
 
 # ------------------------------------------------------------------------ the graph
