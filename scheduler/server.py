@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from apportion.scheduler.replication import replicate
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.validation import (
     check_key,
@@ -258,6 +259,9 @@ class Scheduler:
             comm.send(reply)
         elif op == "run":
             self._start_broadcast(client, message)
+        elif op == "replicate":
+            reply = replicate(self.state, check_keys(message))
+            comm.send({"op": "replicate-reply", "id": message["id"], **reply})
         elif op == "retire":
             names, count = check_retire(message)
             if message.get("close"):
