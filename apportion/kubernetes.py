@@ -22,6 +22,7 @@ from base64 import b64decode
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from apportion.port_forward import Forwarder, cluster_ports, forward_cluster
 from apportion.protocol.comm import parse_address
 from apportion.reprs import dashboard_link
 
@@ -103,6 +104,7 @@ class KubeCluster:
         timeout: float = 300.0,
         kubeconfig: str | None = None,
         create: bool = True,
+        port_forward: bool = False,
     ) -> None:
         self.name = name
         self.namespace = namespace
@@ -127,8 +129,18 @@ class KubeCluster:
                     GROUP, VERSION, namespace, PLURAL, body
                 )
         self._address: str | None = None
+        # The scheduler's ports on 127.0.0.1, through the Kubernetes API (port_forward.py).
+        self._forwarded: dict[str, Forwarder] = {}
         self._wait(self._all_connected, "all workers connected")
         self.token = self._read_token()
+        if port_forward:
+            self.forward_ports()
+            print(f"{self!r}: dashboard at {self.dashboard_link}")
+
+    def forward_ports(self, local_ports: dict[str, int] | None = None) -> None:
+        """Reach the scheduler (``"scheduler"``) and its dashboard (``"dashboard"``) from
+        this machine on 127.0.0.1 (``local_ports``: the port for each; any free one)."""
+        self._forwarded = forward_cluster(self._core, self.resource(), local_ports)
 
     @classmethod
     def from_name(cls, name: str, namespace: str = "default", **kwargs: Any) -> KubeCluster:
@@ -147,8 +159,10 @@ class KubeCluster:
     def scheduler_address(self) -> str:
         """Where a Client connects: the Service name in-cluster; from outside, the IP of
         the scheduler pod serving now (looked up on each read: a restarted scheduler pod
-        has a new IP, and the old one may still answer while it shuts down)."""
-        self._address = self._reachable_address()
+        has a new IP, and the old one may still answer while it shuts down); with
+        ``port_forward=True``, a port of this machine."""
+        forwarded = self._forwarded.get("scheduler")
+        self._address = f"tcp://{forwarded.address}" if forwarded else self._reachable_address()
         return self._address
 
     @property
@@ -296,8 +310,8 @@ class KubeCluster:
     @property
     def dashboard_link(self) -> str | None:
         """The scheduler's dashboard, signed in with the cluster's token."""
-        scheduler = self.resource().get("spec", {}).get("scheduler") or {}
-        port = int(scheduler.get("httpPort", 8787))
+        forwarded = self._forwarded.get("dashboard")
+        port = forwarded.port if forwarded else cluster_ports(self.resource())["dashboard"]
         return dashboard_link(self.scheduler_address, port, self.token)
 
     # --------------------------------------------------------------- lifecycle
@@ -305,6 +319,8 @@ class KubeCluster:
         """Delete the ResourceCluster; Kubernetes removes everything it owns."""
         from kubernetes.client.exceptions import ApiException
 
+        for forward in self._forwarded.values():
+            forward.close()
         try:
             self._custom.delete_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, PLURAL, self.name
