@@ -379,6 +379,21 @@ def operator(
 
 
 @main.command()
+@click.argument("name")
+@click.option("-n", "--namespace", default="default", show_default=True)
+@click.option("--port", default=8787, show_default=True, help="Local port of the dashboard.")
+@click.option("--scheduler-port", default=8786, show_default=True, help="Local port for clients.")
+@click.option("--kubeconfig", default=None, help="Kubeconfig file (default: the usual lookup).")
+def dashboard(
+    name: str, namespace: str, port: int, scheduler_port: int, kubeconfig: str | None
+) -> None:
+    """Port-forward the dashboard (and scheduler) of ResourceCluster NAME to this machine."""
+    from apportion.port_forward import serve_cluster
+
+    sys.exit(serve_cluster(name, namespace, port, scheduler_port, kubeconfig))
+
+
+@main.command()
 @click.option("--items", default=400, show_default=True, help="Files to load and process.")
 def demo(items: int) -> None:
     """The GPU pipeline example on a local cluster: where tasks ran, peak resource use."""

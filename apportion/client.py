@@ -595,7 +595,7 @@ class Client:
             self._warn_no_worker(message)
         elif op == "task-output":
             show_task_output(message)
-        elif op in ("info-reply", "run-reply", "retire-reply", "logs-reply"):
+        elif op in ("info-reply", "run-reply", "retire-reply", "logs-reply", "replicate-reply"):
             reply = self._requests.pop(message["id"], None)
             if reply is not None and not reply.done():
                 reply.set_result(message)

@@ -13,6 +13,7 @@ as arguments (``apportion.serialize``). How annotations reach the tasks:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -142,6 +143,17 @@ def call_annotations() -> dict[str, Any]:
     return {**dask.get_annotations(), **current_annotations()}
 
 
+def cluster_settings() -> Any:
+    """Dask settings for graphs that run on a cluster, where the user has not chosen.
+
+    Dask shuffles dataframes on local disk (partd) unless a dask.distributed client
+    exists: apportion's workers are separate processes, on other hosts on Kubernetes, so
+    shuffles (groupby with split_out, merge, set_index, shuffle) run as tasks instead."""
+    if dask.config.get("dataframe.shuffle.method", None) is None:
+        return dask.config.set({"dataframe.shuffle.method": "tasks"})
+    return contextlib.nullcontext()
+
+
 # -------------------------------------------------------------------- the protocol
 def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """Dask's scheduler function: ``dask.compute(x, scheduler=client.get)``."""
@@ -179,7 +191,8 @@ def compute(client: Client, collections: Any, optimize_graph: bool = True) -> An
     items = [collections] if single else list(collections)
     found = [c for c in items if is_dask_collection(c) and not isinstance(c, Future)]
     if found:
-        expr = FinalizeCompute(collections_to_expr(found, optimize_graph)).optimize()
+        with cluster_settings():
+            expr = FinalizeCompute(collections_to_expr(found, optimize_graph)).optimize()
         keys = list(flatten(expr.__dask_keys__()))
         if len(keys) != len(found):
             raise RuntimeError(
@@ -206,7 +219,8 @@ def persist(client: Client, collections: Any, optimize_graph: bool = True, **_: 
     expr = collections_to_expr(items, optimize_graph)
     collection_exprs = list(expr.operands) if isinstance(expr, _ExprSequence) else [expr]
     composite = any(isinstance(e, CompositeExpr) for e in collection_exprs)
-    expr = expr.optimize()
+    with cluster_settings():
+        expr = expr.optimize()
     if composite:
         collection_exprs = list(expr.operands) if isinstance(expr, _ExprSequence) else [expr]
     else:

@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     from apportion.client import Client
 
 
+_SHUFFLE_KEY = "dataframe.shuffle.method"
+# Whether the shuffle method in dask.config is the one set here (then unset again when
+# no client is Dask's default any more), not the user's.
+_shuffle_set_here = False
+
+
 class _ClientGet:
     """``client.get`` for ``dask.config``, holding the client weakly: Dask's global
     configuration is no reason for a client to live on."""
@@ -46,6 +52,12 @@ class DefaultScheduler:
         self._client = client
         self._previous = dask.config.get("scheduler", None)
         dask.config.set(scheduler=_ClientGet(client))
+        # dask.compute lowers dataframes before calling client.get: the shuffle method
+        # it picks must suit a cluster (see dask_client.cluster_settings).
+        global _shuffle_set_here
+        if dask.config.get(_SHUFFLE_KEY, None) is None:
+            dask.config.set({_SHUFFLE_KEY: "tasks"})
+            _shuffle_set_here = True
         # Graphs built from now on keep their annotations (see dask_graph).
         from apportion.dask_graph import install
 
@@ -73,3 +85,7 @@ def restore(client: Client, previous: Any = None) -> None:
     current = config.get("scheduler", None)
     if isinstance(current, _ClientGet) and current._client() in (client, None):
         config.set(scheduler=previous)
+        global _shuffle_set_here
+        if not isinstance(previous, _ClientGet) and _shuffle_set_here:
+            config.set({_SHUFFLE_KEY: None})
+            _shuffle_set_here = False

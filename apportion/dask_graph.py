@@ -6,8 +6,9 @@ layers whose annotations differ, and dataframes (expressions) ignore them altoge
 So apportion reads them *before* optimization and checks them again after:
 
 1. ``read_annotations`` records, per key, the annotations of the layers of every
-   high-level graph in the expression before Dask optimizes it, plus those recorded for
-   dataframe expressions created inside an annotate block (``capture_expressions``).
+   high-level graph in the expression before Dask optimizes it, plus those of the
+   dataframe steps written inside an annotate block, found between their boundaries in
+   the optimized expression (``apportion.dask_regions``; ``apportion.dask_patches``).
 2. ``materialize`` lets Dask optimize as usual, except that blockwise fusion may not
    merge layers whose annotations differ (``optimization.annotations.fuse: False``).
 3. ``split_mixed`` takes apart every fused task whose parts were written under different
@@ -21,6 +22,7 @@ Everything here is pure (no I/O, no client): tested on its own.
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
@@ -49,11 +51,6 @@ Annotations = Mapping[str, Any]
 # with a warning naming them.
 UNDERSTOOD = KNOWN
 
-# Annotations written around the creation of an expression-backed collection (a
-# dataframe), by expression name. Names are content hashes: the same expression built
-# again outside any block gets the same name, and keeps them (the last write wins).
-_EXPRESSION_ANNOTATIONS: dict[str, dict[str, Any]] = {}
-
 
 def to_key(key: Key) -> str:
     """The apportion key of a Dask key (a string, or a tuple such as ``("x-1a2b", 3)``)."""
@@ -69,17 +66,39 @@ class AnnotationTable:
     """Annotations per Dask key (from graph layers) and per expression name (dataframes)."""
 
     by_key: dict[Key, Annotations] = field(default_factory=dict)
-    by_name: Mapping[str, Annotations] = field(default_factory=dict)
-    # Dask's own final step (``finalize-...``, added at compute time): fused with the
-    # user's last tasks, it takes theirs, so agreeing annotations keep Dask's task count.
+    by_name: dict[str, Annotations] = field(default_factory=dict)
+    # Tasks that run nothing of their own: Dask's final step (``finalize-...``, added at
+    # compute time; fused with the user's last tasks, it takes theirs, so agreeing
+    # annotations keep Dask's task count) and the boundaries of annotated dataframe
+    # steps (aliases). By key or by name.
     neutral: set[Key] = field(default_factory=set)
+    _by_token: dict[str, Annotations] | None = field(default=None, repr=False)
 
     def lookup(self, key: Key) -> Annotations | None:
         found = self.by_key.get(key)
         if found is None and self.by_name:
-            name = key[0] if isinstance(key, tuple) and key else key
-            found = self.by_name.get(name) if isinstance(name, str) else None
+            found = self._by_key_name(_name_of(key))
+            if found is not None and any(callable(v) for v in found.values()):
+                found = _resolved(found, key)  # annotate(priority=lambda key: ...)
         return found
+
+    def _by_key_name(self, name: Any) -> Annotations | None:
+        """An expression's tasks are named after it, or (a shuffle's stages, a merge's
+        splits) carry its token inside a name of their own: ``split-<name>``."""
+        if not isinstance(name, str):
+            return None
+        found = self.by_name.get(name)
+        if found is None:
+            if self._by_token is None:
+                self._by_token = {n.rsplit("-", 1)[-1]: a for n, a in self.by_name.items()}
+            for token in _TOKEN.findall(name):
+                found = self._by_token.get(token)
+                if found is not None:
+                    break
+        return found
+
+    def is_neutral(self, key: Key) -> bool:
+        return key in self.neutral or _name_of(key) in self.neutral
 
     def __bool__(self) -> bool:
         return bool(self.by_key) or bool(self.by_name)
@@ -90,16 +109,18 @@ def read_annotations(expr: Any) -> AnnotationTable:
     """Per-key annotations of every high-level-graph layer in ``expr``, before optimization."""
     from dask._expr import Expr, HLGExpr, HLGFinalizeCompute
 
-    by_name: dict[str, Annotations] = {}
-    table = AnnotationTable(by_name=by_name)
+    table = AnnotationTable()
+    if "dask.dataframe" in sys.modules:  # never imported here: pandas is slow to import
+        from apportion import dask_regions
+
+        table.by_name, boundaries = dask_regions.annotations_by_name(expr)
+        table.neutral.update(boundaries)
     stack, seen = [expr], set()
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if _EXPRESSION_ANNOTATIONS and node._name in _EXPRESSION_ANNOTATIONS:
-            by_name[node._name] = _EXPRESSION_ANNOTATIONS[node._name]
         if isinstance(node, HLGFinalizeCompute):
             table.neutral.add(node._name)
         if isinstance(node, HLGExpr):
@@ -114,80 +135,39 @@ def read_annotations(expr: Any) -> AnnotationTable:
     return table
 
 
+# Dask's deterministic tokens (an md5 in hex) inside a key's name.
+_TOKEN = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
+
+
+def _name_of(key: Key) -> Any:
+    return key[0] if isinstance(key, tuple) and key else key
+
+
+def _resolved(annotations: Annotations, key: Key) -> dict[str, Any]:
+    """Per-key annotations (``annotate(priority=lambda key: ...)``) evaluated for ``key``."""
+    from dask._expr import _AnnotationsTombstone
+
+    values = {name: value(key) if callable(value) else value for name, value in annotations.items()}
+    # Dask rebuilds delayed graphs with per-key annotations whose "none" is a tombstone.
+    return {k: v for k, v in values.items() if not isinstance(v, _AnnotationsTombstone)}
+
+
 def _read_layer(keys: Iterable[Key], annotations: Annotations, out: dict[Key, Annotations]) -> None:
     if not any(callable(value) for value in annotations.values()):
         shared = dict(annotations)
         out.update(dict.fromkeys(keys, shared))
         return
-    from dask._expr import _AnnotationsTombstone
-
     for key in keys:  # Dask's per-key form: annotate(priority=lambda key: ...)
-        values = {
-            name: value(key) if callable(value) else value for name, value in annotations.items()
-        }
-        # Dask rebuilds delayed graphs with per-key annotations whose "none" is a tombstone.
-        values = {k: v for k, v in values.items() if not isinstance(v, _AnnotationsTombstone)}
+        values = _resolved(annotations, key)
         if values:
             out[key] = values
 
 
 def install() -> None:
     """What Dask needs so that annotations reach apportion intact; idempotent."""
-    _cull_outside_annotations()
-    if "dask.dataframe" in sys.modules:  # never imported here: pandas is slow to import
-        capture_expressions()
+    from apportion import dask_patches
 
-
-def _cull_outside_annotations() -> None:
-    """Dask culls a high-level graph into new layers which, given no annotations of their
-    own, take those of the annotate block being run: unannotated tasks built outside the
-    block then carry its demand (a ``delayed`` call inside a block culls its arguments'
-    graphs). Culling now runs outside any block, so a layer keeps what it was written with.
-    """
-    from dask import base
-    from dask.highlevelgraph import HighLevelGraph
-
-    original = HighLevelGraph.cull
-    if getattr(original, "__apportion_fix__", False):
-        return
-
-    def cull(self: Any, keys: Any) -> Any:
-        token = base._annotations.set(None)
-        try:
-            return original(self, keys)
-        finally:
-            base._annotations.reset(token)
-
-    cull.__apportion_fix__ = True  # type: ignore[attr-defined]
-    HighLevelGraph.cull = cull  # type: ignore[method-assign]
-
-
-def capture_expressions() -> None:
-    """Record the annotations around each dataframe collection created from now on.
-
-    Dask's dataframes (expressions) drop annotations, with a warning; apportion keeps
-    them by expression name, so the tasks of that expression carry them. Idempotent.
-    """
-    try:
-        from dask.dataframe.dask_expr import _collection
-    except ImportError:  # dask without its dataframe extra
-        return
-    original = _collection.FrameBase.__init__
-    if getattr(original, "__apportion_capture__", False):
-        return
-
-    def __init__(self: Any, expr: Any) -> None:
-        from apportion.annotations import current
-
-        annotations = {**dask.get_annotations(), **current()}
-        if annotations:
-            _EXPRESSION_ANNOTATIONS[expr._name] = annotations
-        original(self, expr)
-
-    __init__.__apportion_capture__ = True  # type: ignore[attr-defined]
-    _collection.FrameBase.__init__ = __init__  # type: ignore[method-assign]
-    # Its "annotations will be ignored" warning no longer holds.
-    _collection._WARN_ANNOTATIONS = False
+    dask_patches.install()
 
 
 # ------------------------------------------------------------------------ the graph
@@ -277,10 +257,10 @@ def split_mixed(
             # Cannot be taken apart: it runs as one task, with the largest of each demand.
             result[key] = node
             inner = dict(node.args[0])
-            annotations[key] = _merged(_annotations_of_parts(inner, table).values())
+            annotations[key] = merged(_annotations_of_parts(inner, table).values())
             continue
         found = _annotations_of_parts(parts, table)
-        distinct = {_signature(a): a for k, a in found.items() if k not in table.neutral}
+        distinct = {_signature(a): a for k, a in found.items() if not table.is_neutral(k)}
         if len(distinct) <= 1:
             result[key] = node
             annotations[key] = next(iter(distinct.values()), None)
@@ -307,7 +287,7 @@ def split_mixed(
     return result, {k: v for k, v in annotations.items() if v is not None}
 
 
-def _merged(all_annotations: Iterable[Annotations | None]) -> Annotations | None:
+def merged(all_annotations: Iterable[Annotations | None]) -> Annotations | None:
     """One task's annotations from its parts': the largest demand of each resource, the
     most retries, the highest priority."""
     merged: dict[str, Any] = {}

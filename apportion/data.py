@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from apportion.serialize import dumps_value, tokenize
@@ -16,15 +17,19 @@ def _identity(value: Any) -> Any:
     return value
 
 
+# How long ``scatter(..., broadcast=True)`` waits for every worker to hold a copy.
+BROADCAST_TIMEOUT = 60.0
+
+
 def scatter(client: Client, data: Any, broadcast: bool = False) -> Any:
     """Futures of local data: a list gives a list, a dict a dict (same keys), else one.
 
     Each value travels with a task through the scheduler to one worker (so it is bound
     by ``comm.max-frame-bytes``); its key is a hash of the value, so scattering equal data
     twice gives the same future. Tasks on other workers fetch it from that worker when
-    they need it: ``broadcast`` is accepted for Dask compatibility and changes nothing.
+    they need it; with ``broadcast=True`` every worker in service holds a copy before
+    ``scatter`` returns (workers joining later fetch it when they need it).
     """
-    del broadcast
     if isinstance(data, dict):
         values = list(data.values())
     elif isinstance(data, (list, tuple)):
@@ -33,11 +38,39 @@ def scatter(client: Client, data: Any, broadcast: bool = False) -> Any:
         values = [data]
     keys = [f"{type(v).__name__}-{tokenize(dumps_value(v))}" for v in values]
     futures = client.map(_identity, values, key=keys)
+    if broadcast:
+        _copy_to_every_worker(client, futures, BROADCAST_TIMEOUT)
     if isinstance(data, dict):
         return dict(zip(data, futures, strict=True))
     if isinstance(data, (list, tuple)):
         return type(data)(futures)
     return futures[0]
+
+
+def _copy_to_every_worker(client: Client, futures: list[Future], timeout: float) -> None:
+    """Return once every worker in service holds each future's value (the scheduler's
+    word: workers report a copy once it is stored)."""
+    from apportion.futures import wait
+
+    deadline = time.monotonic() + timeout
+    wait(futures, timeout)
+    for future in futures:
+        future.result()  # a value that failed to arrive raises here, not as a missing copy
+    keys = [f.key for f in futures]
+    while True:
+        # A worker may tell this client of a result before the scheduler hears of it
+        # (``pending``); copies land a fetch later (``lacking``): ask until none is missing.
+        reply = client._request({"op": "replicate", "keys": keys})
+        if not reply["pending"] and not reply["lacking"]:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"scatter(broadcast=True): after {timeout:.0f} s, {reply['lacking']} "
+                f"copies are still missing and {len(reply['pending'])} value(s) not yet held "
+                "by the scheduler: are some workers short of memory, or unable to reach "
+                "the worker holding the data?"
+            )
+        time.sleep(0.02)
 
 
 class _Held:

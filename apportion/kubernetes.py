@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from apportion import config
+from apportion.port_forward import Forwarder, cluster_ports, forward_cluster
 from apportion.protocol.comm import parse_address
 from apportion.reprs import dashboard_link
 
@@ -107,6 +108,7 @@ class KubeCluster:
         kubeconfig: str | None = None,
         create: bool = True,
         tls: bool | str = False,
+        port_forward: bool = False,
     ) -> None:
         """``tls``: True for mutual TLS with a certificate the operator makes, or the name
         of a Secret of yours (``ca.crt``, ``tls.crt``, ``tls.key``, e.g. cert-manager's).
@@ -141,10 +143,20 @@ class KubeCluster:
                     GROUP, VERSION, namespace, PLURAL, body
                 )
         self._address: str | None = None
+        # The scheduler's ports on 127.0.0.1, through the Kubernetes API (port_forward.py).
+        self._forwarded: dict[str, Forwarder] = {}
         self._wait(self._all_connected, "all workers connected")
         self.token = self._read_token()
         if str(self.status.get("schedulerAddress", "")).startswith("tls://"):
             self._use_tls()
+        if port_forward:
+            self.forward_ports()
+            print(f"{self!r}: dashboard at {self.dashboard_link}")
+
+    def forward_ports(self, local_ports: dict[str, int] | None = None) -> None:
+        """Reach the scheduler (``"scheduler"``) and its dashboard (``"dashboard"``) from
+        this machine on 127.0.0.1 (``local_ports``: the port for each; any free one)."""
+        self._forwarded = forward_cluster(self._core, self.resource(), local_ports)
 
     @classmethod
     def from_name(cls, name: str, namespace: str = "default", **kwargs: Any) -> KubeCluster:
@@ -163,8 +175,10 @@ class KubeCluster:
     def scheduler_address(self) -> str:
         """Where a Client connects: the Service name in-cluster; from outside, the IP of
         the scheduler pod serving now (looked up on each read: a restarted scheduler pod
-        has a new IP, and the old one may still answer while it shuts down)."""
-        self._address = self._reachable_address()
+        has a new IP, and the old one may still answer while it shuts down); with
+        ``port_forward=True``, a port of this machine."""
+        forwarded = self._forwarded.get("scheduler")
+        self._address = f"tcp://{forwarded.address}" if forwarded else self._reachable_address()
         return self._address
 
     @property
@@ -346,8 +360,8 @@ class KubeCluster:
     @property
     def dashboard_link(self) -> str | None:
         """The scheduler's dashboard, signed in with the cluster's token."""
-        scheduler = self.resource().get("spec", {}).get("scheduler") or {}
-        port = int(scheduler.get("httpPort", 8787))
+        forwarded = self._forwarded.get("dashboard")
+        port = forwarded.port if forwarded else cluster_ports(self.resource())["dashboard"]
         return dashboard_link(self.scheduler_address, port, self.token)
 
     # --------------------------------------------------------------- lifecycle
@@ -355,6 +369,8 @@ class KubeCluster:
         """Delete the ResourceCluster; Kubernetes removes everything it owns."""
         from kubernetes.client.exceptions import ApiException
 
+        for forward in self._forwarded.values():
+            forward.close()
         try:
             self._custom.delete_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, PLURAL, self.name

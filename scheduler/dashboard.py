@@ -13,6 +13,7 @@ import collections
 import functools
 import html
 import itertools
+import operator
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from apportion.scheduler.placement import explain_no_worker
 from apportion.resources import format_resources
 
 if TYPE_CHECKING:
-    from apportion.scheduler.model import TaskState, WorkerState
+    from apportion.scheduler.model import WorkerState
     from apportion.scheduler.state import SchedulerState
 
 # Resources with at most this many whole units are drawn unit by unit (GPU #0, #1...).
@@ -35,8 +36,11 @@ STREAM_SECONDS = 20.0
 STREAM_RUNS = 150
 # Seconds between updates pushed to an open page.
 PUSH_INTERVAL = 1.0
-# At most this share of the scheduler's time goes to rendering updates.
-RENDER_BUDGET = 0.01
+# Renderings of updates take at most this share of the CPU time the scheduler spends on
+# its own work, plus this share of the wall clock (what lets an idle scheduler with a
+# large backlog update its page now and then): see render_due.
+RENDER_SHARE = 0.02
+RENDER_BUDGET = 0.002
 
 WAITING_STATES = frozenset({"released", "waiting", "queued", "no-worker"})
 TEMPLATES = tornado.template.Loader(str(Path(__file__).with_name("templates")))
@@ -137,12 +141,21 @@ Tally = collections.Counter  # (task name prefix, state, demand shape) -> tasks
 
 
 def tally(state: SchedulerState) -> Tally:
-    """Every task the scheduler knows, counted by name prefix, state and demand: one pass
-    (counted by C code) serves the progress and the queued demand."""
-    tasks: dict[str, TaskState] = state.tasks
+    """The tasks the page counts (all but results held), by name prefix, state and demand:
+    one pass serves the progress and the queued demand.
+
+    Results held are most of a busy scheduler's tasks and count toward nothing shown
+    (finished runs come from the event log): C code skips them (``compress`` over their
+    states) before the per-task step, so a rendering costs per task waiting or running."""
+    tasks = state.tasks.values()
+    active = itertools.compress(tasks, map(operator.ne, map(_STATE, tasks), _HELD))
     return collections.Counter(
-        (ts.key.rpartition("-")[0] or ts.key, ts.state, ts.shape) for ts in tasks.values()
+        (ts.key.rpartition("-")[0] or ts.key, ts.state, ts.shape) for ts in active
     )
+
+
+_STATE = operator.attrgetter("state")
+_HELD = itertools.repeat("memory")
 
 
 def progress(
@@ -284,21 +297,37 @@ HELPERS = {
 }
 
 
+def render_due(since_wall: float, since_cpu: float, took: float) -> bool:
+    """Whether to render the page again, ``since_wall`` seconds and ``since_cpu`` seconds
+    of the scheduler's CPU time after the last rendering, which took ``took`` CPU seconds.
+
+    A rendering counts every task waiting or running: with a large backlog it takes
+    milliseconds, which a busy scheduler would pay per task, so renderings are spaced to
+    stay within ``RENDER_SHARE`` of the scheduler's own CPU time (plus ``RENDER_BUDGET``
+    of the wall clock), and are never more frequent than ``PUSH_INTERVAL``."""
+    if since_wall < PUSH_INTERVAL * 0.9:
+        return False
+    return took <= RENDER_SHARE * since_cpu + RENDER_BUDGET * since_wall
+
+
 class SharedRendering:
     """One rendering per ``PUSH_INTERVAL`` at most, whatever the number of open pages, and
-    rarer when a rendering takes long (a scheduler with very many tasks): the event loop
-    spends at most ``RENDER_BUDGET`` of its time on them."""
+    rarer when a rendering is costly for the scheduler (see ``render_due``)."""
 
-    def __init__(self, make: Any, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self, make: Any, clock: Any = time.monotonic, cpu: Any = time.process_time
+    ) -> None:
         self.make = make
         self.clock = clock
-        self._due = -1e9
+        self.cpu = cpu
+        self._last: tuple[float, float, float] | None = None  # wall, CPU at its end; took
         self._sections: dict[str, str] = {}
 
     def sections(self) -> dict[str, str]:
-        now = self.clock()
-        if now >= self._due:
+        last = self._last
+        if last is None or render_due(self.clock() - last[0], self.cpu() - last[1], last[2]):
+            started = self.cpu()
             self._sections = render_sections(self.make())
-            took = self.clock() - now
-            self._due = now + max(PUSH_INTERVAL * 0.9, took / RENDER_BUDGET)
+            ended = self.cpu()
+            self._last = (self.clock(), ended, ended - started)
         return self._sections

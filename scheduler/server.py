@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from apportion.scheduler.recovery import parse_report
+from apportion.scheduler.replication import replicate
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.validation import (
     check_key,
@@ -278,6 +279,9 @@ class Scheduler:
             comm.send(reply)
         elif op == "run":
             self._start_broadcast(client, message)
+        elif op == "replicate":
+            reply = replicate(self.state, check_keys(message))
+            comm.send({"op": "replicate-reply", "id": message["id"], **reply})
         elif op == "retire":
             names, count = check_retire(message)
             if message.get("close"):

@@ -210,6 +210,23 @@ def test_scatter_and_futures_inside_collections(client: Client) -> None:
     assert dask.delayed(add_one)(futures[1]).compute().tolist() == (blocks[1] + 1).tolist()
 
 
+def test_scatter_broadcast_puts_a_copy_on_every_worker(client: Client) -> None:
+    values = [np.arange(1000) * i for i in range(3)]
+    futures = client.scatter(values, broadcast=True)
+    named = client.scatter({"weights": np.ones(50)}, broadcast=True)
+
+    info = client.scheduler_info()["workers"]
+    assert len(info) == 3
+    # Each worker said it holds each value (``data-acquired``, sent once it is stored).
+    for future in [*futures, named["weights"]]:
+        assert sorted(future._state.who_has) == sorted(info)
+    assert all(worker["in_memory"] >= 4 for worker in info.values())
+    assert [f.result().tolist() for f in futures] == [v.tolist() for v in values]
+    # Tasks on every worker use their own copy, wherever they run.
+    totals = client.gather([client.submit(total, futures[2], pure=False) for _ in range(6)])
+    assert totals == [int(values[2].sum())] * 6
+
+
 def test_fire_and_forget_runs_to_completion(client: Client, tmp_path: Path) -> None:
     path = tmp_path / "done.txt"
     fire_and_forget(client.submit(dask_tasks.touch, str(path), pure=False))

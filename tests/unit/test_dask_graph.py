@@ -10,7 +10,7 @@ import dask.dataframe as dd
 import pandas as pd
 import pytest
 from dask._expr import FinalizeCompute
-from dask._task_spec import Alias, _execute_subgraph
+from dask._task_spec import Alias, DataNode, Task, _execute_subgraph
 from dask.base import collections_to_expr
 from dask.core import flatten
 
@@ -209,3 +209,69 @@ def test_a_delayed_call_inside_a_block_leaves_its_arguments_unannotated():
     assert by_name["f1"] == [{}] * 3
     assert by_name["f2"] == [{"resources": {"GPU": 1}}] * 3
     assert by_name["sum"] == [{"resources": {"MEMORY": 70e9}}]
+
+
+FRAME = pd.DataFrame({"a": [i % 7 for i in range(60)], "b": range(60), "c": range(60)})
+
+
+def functions(node) -> set[str]:
+    """The functions a (possibly fused) task calls; "data" for an embedded partition."""
+    if getattr(node, "func", None) is _execute_subgraph:
+        return set().union(*(functions(inner) for inner in node.args[0].values()))
+    if isinstance(node, Task):
+        return {getattr(node.func, "__name__", "")}
+    return {"data"} if isinstance(node, DataNode) else set()
+
+
+def annotated_step(step: str):
+    x = dd.from_pandas(FRAME, npartitions=4)
+    other = dd.from_pandas(pd.DataFrame({"a": range(7), "d": range(7)}), npartitions=2)
+    with dask.annotate(resources={"GPU": 1}):
+        y = {
+            "groupby-agg": lambda: x.groupby("a").agg({"b": "sum", "c": "max"}),
+            "merge": lambda: x.merge(other, on="a"),
+            "shuffle": lambda: x.shuffle("a", npartitions=3),
+            "elementwise": lambda: x * 10,
+        }[step]()
+    return y[["b"]] if step != "groupby-agg" else y["b"] * 2  # a projection pushed in
+
+
+@pytest.mark.parametrize(
+    ("step", "its_functions"),
+    [
+        ("groupby-agg", {"_groupby_apply_funcs"}),
+        ("merge", {"merge_chunk", "_shuffle_group"}),
+        ("shuffle", {"_shuffle_group"}),
+        ("elementwise", {"mul"}),
+    ],
+)
+def test_annotated_dataframe_steps_keep_their_annotations_through_the_optimizer(
+    step, its_functions
+):
+    with dask.config.set({"dataframe.shuffle.method": "tasks"}):
+        _, _, plan = planned(annotated_step(step))
+    ran = [(functions(t.node), t.options) for t in plan.tasks]
+    in_step = [options for called, options in ran if called & its_functions]
+    assert in_step and all(o == {"resources": {"GPU": 1}} for o in in_step)
+    inputs = [options for called, options in ran if called == {"data"}]
+    assert inputs and all(o == {} for o in inputs)
+
+
+def test_boundaries_of_an_annotated_step_run_no_task_of_their_own():
+    x = dd.from_pandas(FRAME, npartitions=4)
+    plain = x.map_partitions(f1).map_partitions(f2)
+    with dask.annotate(resources={"GPU": 1}):
+        y = x.map_partitions(f1)
+    _, _, plan = planned(y.map_partitions(f2))
+    assert len(plan.tasks) == dask_task_count(plain)
+    # Each task keeps the name of what it runs (progress and logs show it).
+    names = sorted(name(t.node.key) for t in plan.tasks)
+    assert names == sorted(name(t.node.key) for t in planned(plain)[2].tasks)
+
+
+def test_a_collection_rebuilt_from_an_annotated_one_is_not_bracketed_again():
+    x = dd.from_pandas(FRAME, npartitions=4)
+    with dask.annotate(resources={"GPU": 1}):
+        y = x.map_partitions(f1)
+        again = dd.DataFrame(y.expr)  # e.g. what persist and copies rebuild
+    assert again.expr._name == y.expr._name

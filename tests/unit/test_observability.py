@@ -161,34 +161,60 @@ def test_dashboard_sections_render_the_view_and_escape_task_names() -> None:
 
 
 def test_shared_rendering_renders_once_per_interval_and_within_its_budget() -> None:
-    now = [0.0]
-    cost = [0.0]  # seconds one rendering takes
+    now, cpu = [0.0], [0.0]
+    cost = [0.001]  # CPU seconds one rendering takes
     made = []
 
     def make() -> dict[str, Any]:
         made.append(1)
-        now[0] += cost[0]
+        cpu[0] += cost[0]
         return dashboard.view(Sim().state, None, "x")
 
-    shared = dashboard.SharedRendering(make, clock=lambda: now[0])
+    shared = dashboard.SharedRendering(make, clock=lambda: now[0], cpu=lambda: cpu[0])
     shared.sections()
     shared.sections()  # a second page, the same tick: the same rendering
     assert len(made) == 1
     now[0] += dashboard.PUSH_INTERVAL
     shared.sections()
     assert len(made) == 2
-    # A scheduler with very many tasks: renderings take 0.1 s, so they come at most
-    # every 0.1 / RENDER_BUDGET seconds, not every PUSH_INTERVAL.
+    # A large backlog: renderings take 0.1 s of CPU. An idle scheduler renders once its
+    # wall-clock budget allows it...
     cost[0] = 0.1
     now[0] += dashboard.PUSH_INTERVAL
     shared.sections()
     assert len(made) == 3
-    now[0] += 0.1 / dashboard.RENDER_BUDGET - 0.2
+    now[0] += 0.1 / dashboard.RENDER_BUDGET - 1
     shared.sections()
     assert len(made) == 3
-    now[0] += 0.2
+    now[0] += 1
     shared.sections()
     assert len(made) == 4
+    # ... a busy one (a CPU second per second) once it did 0.1 / RENDER_SHARE of its work.
+    busy = 0.1 / (dashboard.RENDER_SHARE + dashboard.RENDER_BUDGET)
+    now[0] += busy - 0.5
+    cpu[0] += busy - 0.5
+    shared.sections()
+    assert len(made) == 4
+    now[0] += 0.5
+    cpu[0] += 0.5
+    shared.sections()
+    assert len(made) == 5
+
+
+@pytest.mark.parametrize(
+    ("since_wall", "since_cpu", "took", "due"),
+    [
+        (0.5, 10.0, 0.0, False),  # never more often than PUSH_INTERVAL
+        (1.0, 0.0, 0.001, True),  # cheap: every interval, idle or not
+        (1.0, 1.0, 0.05, False),  # 5% of what the scheduler did meanwhile: too much
+        (1.0, 2.5, 0.05, True),  # 2% of it
+        (30.0, 0.0, 0.05, True),  # idle: 0.2% of the wall clock
+    ],
+)
+def test_renderings_stay_within_a_share_of_the_schedulers_cpu(
+    since_wall: float, since_cpu: float, took: float, due: bool
+) -> None:
+    assert dashboard.render_due(since_wall, since_cpu, took) is due
 
 
 # ----------------------------------------------------------------------- metrics

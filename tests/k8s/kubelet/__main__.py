@@ -163,6 +163,14 @@ class Kubelet:
                 for r in self.runners.values()
             )
 
+    def pod_ip(self, namespace: str, name: str) -> str | None:
+        """The IP of a running pod (the target of a port-forward)."""
+        with self.lock:
+            for r in self.runners.values():
+                if r.namespace == namespace and r.pod_name == name and r.running_pids:
+                    return r.pod_ip
+        return None
+
     def handle(self, kind: str, pod: Obj) -> None:
         if pod["spec"].get("nodeName") not in NODES or self.stopping.is_set():
             return
@@ -289,7 +297,14 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
     keeper = NodeKeeper(client, args.port, paths.versions()["KUBE_VERSION"])
-    server.serve(args.port, args.serving_cert, args.serving_key, args.pods_dir, kubelet.is_running)
+    server.serve(
+        args.port,
+        args.serving_cert,
+        args.serving_key,
+        args.pods_dir,
+        kubelet.is_running,
+        kubelet.pod_ip,
+    )
     keeper.register()
     for target in (keeper.run, kubelet.watch_pods, kubelet.refresh_dns):
         threading.Thread(target=target, name=target.__name__, daemon=True).start()
