@@ -145,9 +145,11 @@ class KubeCluster:
         self._address: str | None = None
         # The scheduler's ports on 127.0.0.1, through the Kubernetes API (port_forward.py).
         self._forwarded: dict[str, Forwarder] = {}
+        self._scheme = "tcp"  # the scheduler's, also through a forwarded port
         self._wait(self._all_connected, "all workers connected")
         self.token = self._read_token()
         if str(self.status.get("schedulerAddress", "")).startswith("tls://"):
+            self._scheme = "tls"
             self._use_tls()
         if port_forward:
             self.forward_ports()
@@ -178,7 +180,9 @@ class KubeCluster:
         has a new IP, and the old one may still answer while it shuts down); with
         ``port_forward=True``, a port of this machine."""
         forwarded = self._forwarded.get("scheduler")
-        self._address = f"tcp://{forwarded.address}" if forwarded else self._reachable_address()
+        self._address = (
+            f"{self._scheme}://{forwarded.address}" if forwarded else self._reachable_address()
+        )
         return self._address
 
     @property

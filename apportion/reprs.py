@@ -12,13 +12,15 @@ from apportion.resources import format_resources
 
 
 def dashboard_link(scheduler_address: str, http_port: int | None, token: str | None) -> str | None:
-    """The dashboard's address, signed in with the token (None without an HTTP port)."""
+    """The dashboard's address, signed in with the token (None without an HTTP port). A
+    scheduler on ``tls://`` serves its HTTP API over TLS too, hence https."""
     if not http_port:
         return None
     host, _ = parse_address(scheduler_address)
     if ":" in host:
         host = f"[{host}]"
-    link = f"http://{host}:{http_port}/dashboard"
+    scheme = "https" if scheduler_address.startswith("tls://") else "http"
+    link = f"{scheme}://{host}:{http_port}/dashboard"
     return f"{link}?token={quote(token, safe='')}" if token else link
 
 

@@ -92,7 +92,9 @@ def observability_routes(scheduler: Scheduler) -> list[tuple[str, Any]]:
                 self.write(LOGIN_PAGE.format(message="That token is not this cluster's."))
                 return
             if scheduler.token is not None:
-                self.set_cookie(COOKIE, offered, httponly=True, samesite="Strict")
+                # Over TLS, never sent back over plain HTTP.
+                secure = self.request.protocol == "https"
+                self.set_cookie(COOKIE, offered, httponly=True, samesite="Strict", secure=secure)
             # Without the token in the address bar (or the browser's history).
             self.redirect("/dashboard")
 

@@ -109,6 +109,7 @@ def test_cluster_runs_entirely_over_mutual_tls(tmp_path: Path) -> None:
 
 
 def test_the_http_api_is_mutual_tls_too(tmp_path: Path) -> None:
+    import http.cookiejar
     import json
     import ssl
     import urllib.request
@@ -129,5 +130,15 @@ def test_the_http_api_is_mutual_tls_too(tmp_path: Path) -> None:
             context.load_cert_chain(pki["cert"], pki["key"])
             with urllib.request.urlopen(request, timeout=10, context=context) as reply:
                 assert "a" in {w["name"] for w in json.loads(reply.read())["workers"].values()}
+            link = cluster.dashboard_link  # the dashboard is on the same TLS port
+            assert link is not None and link.startswith("https://"), link
+            cookies = http.cookiejar.CookieJar()  # the link signs in with a cookie
+            browser = urllib.request.build_opener(
+                urllib.request.HTTPSHandler(context=context),
+                urllib.request.HTTPCookieProcessor(cookies),
+            )
+            with browser.open(link, timeout=10) as page:
+                assert page.status == 200 and page.url.endswith("/dashboard")
+            assert [c.secure for c in cookies] == [True]  # never sent over plain HTTP
         finally:
             cluster.close()

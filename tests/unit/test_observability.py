@@ -375,3 +375,8 @@ def test_dashboard_link_carries_the_token_only_when_there_is_one() -> None:
     )
     assert dashboard_link("tcp://h:8786", 8787, None) == "http://h:8787/dashboard"
     assert dashboard_link("tcp://h:8786", None, "t") is None
+
+
+def test_a_tls_scheduler_links_its_dashboard_over_https() -> None:
+    assert dashboard_link("tls://10.0.0.5:8786", 8787, None) == "https://10.0.0.5:8787/dashboard"
+    assert dashboard_link("tcp://10.0.0.5:8786", 8787, None) == "http://10.0.0.5:8787/dashboard"
