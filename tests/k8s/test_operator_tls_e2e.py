@@ -94,6 +94,15 @@ def test_a_tls_cluster_is_mutual_tls_everywhere(deployed: Deployment) -> None:
             workers = client.scheduler_info()["workers"]
             assert all(w.startswith("tls://") for w in workers)
 
+        # Through a port of this machine forwarded by the Kubernetes API: still TLS.
+        cluster.forward_ports()
+        assert cluster.scheduler_address.startswith("tls://127.0.0.1:"), cluster.scheduler_address
+        link = cluster.dashboard_link
+        assert link is not None and link.startswith("https://127.0.0.1:"), link
+        with Client(cluster) as client:
+            forwarded = client.submit(where, 3, resources={"A": 1})
+            assert forwarded.result(timeout=60) == ("secure-a-0", 3)
+
         plain = address.replace("tls://", "tcp://")
         with pytest.raises(OSError):
             Client(plain, token=cluster.token, timeout=10)
