@@ -33,6 +33,7 @@ from apportion.protocol import Comm, CommClosedError, Message, ProtocolError, co
 from apportion.protocol.rpc import ConnectionPool
 from apportion.reprs import dashboard_link, summary_html
 from apportion.resources import format_resources, validate
+from apportion.restrictions import worker_restriction
 from apportion.serialize import (
     FunctionPickleCache,
     dumps_args,
@@ -152,10 +153,14 @@ class Client:
         retries: int | None = None,
         priority: int | None = None,
         resources: dict[str, float] | None = None,
+        workers: str | Iterable[str] | None = None,
+        allow_other_workers: bool = False,
         **kwargs: Any,
     ) -> Future:
-        """Run ``func(*args, **kwargs)`` on a worker with ``resources`` free."""
-        options = self._options(resources, retries, priority)
+        """Run ``func(*args, **kwargs)`` on a worker with ``resources`` free; with
+        ``workers`` (names or addresses) only on one of those, or preferring them when
+        ``allow_other_workers``."""
+        options = self._options(resources, retries, priority, workers, allow_other_workers)
         spec, future = self._prepare(func, args, kwargs, key, pure, options, limit=self._limit())
         if spec is not None:
             self._enqueue([spec])
@@ -170,10 +175,12 @@ class Client:
         retries: int | None = None,
         priority: int | None = None,
         resources: dict[str, float] | None = None,
+        workers: str | Iterable[str] | None = None,
+        allow_other_workers: bool = False,
         **kwargs: Any,
     ) -> list[Future]:
         """Submit ``func`` over zipped iterables; one future per element."""
-        options = self._options(resources, retries, priority)
+        options = self._options(resources, retries, priority, workers, allow_other_workers)
         rows = list(zip(*iterables, strict=False))
         keys: list[str | None]
         if isinstance(key, list):
@@ -201,7 +208,14 @@ class Client:
         self._enqueue(specs)
         return futures
 
-    def _options(self, resources: Any, retries: Any, priority: Any) -> dict[str, Any]:
+    def _options(
+        self,
+        resources: Any,
+        retries: Any,
+        priority: Any,
+        workers: Any = None,
+        allow_other_workers: Any = False,
+    ) -> dict[str, Any]:
         annotations = current_annotations()
         resources = annotations.get("resources") if resources is None else resources
         retries = annotations.get("retries", 0) if retries is None else retries
@@ -210,7 +224,10 @@ class Client:
             raise ValueError(f"retries must be a whole number >= 0, got {retries!r}")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an integer, got {priority!r}")
-        return {"resources": validate(resources), "retries": retries, "priority": priority}
+        options = {"resources": validate(resources), "retries": retries, "priority": priority}
+        if workers is not None:
+            options.update(worker_restriction(workers, allow_other_workers))
+        return options
 
     def _prepare(
         self,
@@ -233,7 +250,15 @@ class Client:
             if pure:
                 # The demand is part of a pure key: the same call placed differently is
                 # another task.
-                demand = repr(sorted(options["resources"].items())).encode()
+                demand = repr(
+                    (
+                        sorted(options["resources"].items()),
+                        options["workers"],
+                        options.get("allow_other_workers", False),
+                    )
+                    if "workers" in options
+                    else sorted(options["resources"].items())
+                ).encode()
                 token = tokenize(func_bytes, args_bytes, demand)
             else:
                 token = f"{self._key_prefix}{next(self._key_counter):012x}"

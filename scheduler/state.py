@@ -33,6 +33,12 @@ from apportion.scheduler.placement import (
     pick_reservation,
     pick_worker,
 )
+from apportion.scheduler.restrictions import (
+    describe,
+    placeable,
+    preferred_worker,
+    restrict,
+)
 from apportion.scheduler.retirement import RetirementMixin, bytes_held, in_service_first
 
 from apportion import config
@@ -164,6 +170,10 @@ class SchedulerState(RetirementMixin):
                 shape = shapes.setdefault(shape, shape)
             else:
                 shape = EMPTY_SHAPE
+            workers = spec.get("workers")
+            if workers:  # part of the demand (see restrictions.py)
+                shape = restrict(shape, workers, bool(spec.get("allow_other_workers")))
+                shape = shapes.setdefault(shape, shape)
             priority = spec.get("priority")
             if priority:
                 priority = urgent = int(priority)
@@ -275,7 +285,7 @@ class SchedulerState(RetirementMixin):
         self.with_slots[ws] = None
         self._no_reservation.clear()
         for shape, fitting in self.fitting.items():
-            if fits(shape, ws.total):
+            if placeable(shape, ws):
                 fitting.add(ws)
                 ws.fitting_shapes.add(shape)
         for shape in [s for s in self.no_worker if s in ws.fitting_shapes]:
@@ -533,7 +543,7 @@ class SchedulerState(RetirementMixin):
         if fitting is None:
             fitting = self.fitting[ts.shape] = set()
             for worker in self.workers.values():
-                if fits(ts.shape, worker.total):
+                if placeable(ts.shape, worker):
                     fitting.add(worker)
                     worker.fitting_shapes.add(ts.shape)
         if not fitting:
@@ -546,9 +556,12 @@ class SchedulerState(RetirementMixin):
         # No worker has a free slot: nothing can start now (the common case under load).
         ws = None
         if self.with_slots:
-            ws = pick_worker(
-                ts, fitting, self.with_slots, reversed(self.idle), 1 / self._max_threads
-            )
+            if type(ts.shape) is not tuple:  # preferring some workers (restrictions.py)
+                ws = preferred_worker(ts, fitting)
+            if ws is None:
+                ws = pick_worker(
+                    ts, fitting, self.with_slots, reversed(self.idle), 1 / self._max_threads
+                )
         if ws is None and ts.priority > self._least_priority:
             ws = self._outranked_worker(ts, fitting)
         if ws is None:
@@ -908,15 +921,13 @@ class SchedulerState(RetirementMixin):
             "clients": len(self.clients),
             "no_worker": [
                 {
-                    "resources": dict(shape),
+                    **describe(shape),
                     "tasks": len(tasks),
                     "why": explain_no_worker(shape, self.workers.values()),
                 }
                 for shape, tasks in self.no_worker.items()
             ],
-            "queued": [
-                {"resources": dict(shape), "tasks": n} for shape, n in self.ready.counts().items()
-            ],
+            "queued": [{**describe(shape), "tasks": n} for shape, n in self.ready.counts().items()],
         }
 
     def check_invariants(self) -> list[str]:
