@@ -14,12 +14,14 @@ from apportion.errors import (
     CancelledError,
     KilledWorkerError,
     NoValidWorkerError,
+    ResourceDeadlockError,
     SchedulerConnectionError,
 )
 from apportion.futures import FIRST_COMPLETED, Future, as_completed, wait
 from apportion.local import LocalCluster
 from apportion.progress import progress
 from apportion.worker.context import TaskInfo, WorkerInfo, get_worker
+from apportion.worker_client import get_client, rejoin, secede, worker_client
 
 __version__ = "0.1.0"
 
@@ -32,6 +34,7 @@ __all__ = [
     "LocalCluster",
     "NoValidWorkerError",
     "NoWorkerWarning",
+    "ResourceDeadlockError",
     "SchedulerConnectionError",
     "TaskInfo",
     "WorkerInfo",
@@ -39,7 +42,11 @@ __all__ = [
     "as_completed",
     "config",
     "fire_and_forget",
+    "get_client",
     "get_worker",
     "progress",
+    "rejoin",
+    "secede",
     "wait",
+    "worker_client",
 ]

@@ -41,6 +41,7 @@ from apportion.serialize import (
     loads_value,
     tokenize,
 )
+from apportion.worker.context import current_task_key
 
 logger = logging.getLogger("apportion.client")
 
@@ -300,18 +301,21 @@ class Client:
         connection splits a batch of messages into frames, never one message)."""
         if not specs:
             return
+        # Submitted by a task (get_client() on a worker): the scheduler knows its parent.
+        parent = current_task_key()
+        extra = {} if parent is None else {"parent": parent}
         budget = self._limit() // 2
         if _submission_bytes(specs) <= budget:  # the usual case, measured at C speed
-            self._post({"op": "submit", "tasks": specs})
+            self._post({"op": "submit", "tasks": specs, **extra})
             return
         start, size = 0, 0
         for i, spec in enumerate(specs):
             cost = _submission_bytes([spec])
             if size + cost > budget and i > start:
-                self._post({"op": "submit", "tasks": specs[start:i]})
+                self._post({"op": "submit", "tasks": specs[start:i], **extra})
                 start, size = i, 0
             size += cost
-        self._post({"op": "submit", "tasks": specs[start:]})
+        self._post({"op": "submit", "tasks": specs[start:], **extra})
 
     def _post(self, message: Message) -> None:
         """Queue a message for the scheduler from any thread; flushed once per loop tick."""

@@ -13,11 +13,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from apportion.scheduler.secession import RUN_ENDS, Secession, secession_handlers
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.validation import (
     check_key,
     check_keys,
     check_lines,
+    check_parent,
     check_retire,
     check_run_id,
     check_submit,
@@ -56,6 +58,7 @@ class Scheduler:
         self.token = token
         self.http_port = http_port
         self.state = SchedulerState()
+        self.secession = Secession(self.state)
         self.listener = Listener(self._serve, token, roles=("client", "worker"))
         self.comms: dict[str, Comm] = {}
         self.address = ""
@@ -165,6 +168,7 @@ class Scheduler:
             "data-acquired": self.state.handle_data_acquired,
             "acquire-failed": self.state.handle_acquire_failed,
             "run-result": self._on_run_result,
+            **secession_handlers(self.secession),
         }
         reason = "connection closed"
         expected = False
@@ -189,6 +193,8 @@ class Scheduler:
                     check_key(message)
                 elif op != "run-result":
                     check_run_id(message)
+                    if op in RUN_ENDS and (self.secession.runs or self.secession.rejoined):
+                        self.secession.run_ended(address, message["run_id"])
                 handler(address, message)
             self._flush()
 
@@ -205,6 +211,7 @@ class Scheduler:
                 reason, expected = f"stopped on purpose ({reason})", True
             self.comms.pop(address, None)
             comm.close(reason)
+            self.secession.worker_lost(address)
             self.state.remove_worker(address, reason, expected)
             for run in list(self._runs.values()):
                 self._on_run_result(address, {"id": run.run_id, "lost": True}, run)
@@ -244,11 +251,15 @@ class Scheduler:
     def _on_client_message(self, client: str, comm: Comm, message: Message) -> None:
         op = message["op"]
         if op == "submit":
-            self.state.handle_submit(client, check_submit(message))
+            tasks = check_submit(message)
+            self.state.handle_submit(client, tasks)
+            if "parent" in message:  # submitted by a task (secession.py)
+                self.secession.spawned(check_parent(message), [t["key"] for t in tasks])
         elif op == "release":
             self.state.handle_release(client, check_keys(message))
         elif op == "cancel":
-            self.state.handle_cancel(client, check_keys(message))
+            keys = check_keys(message)
+            self.state.handle_cancel(client, keys + self.secession.descendants(keys))
         elif op == "info":
             reply: dict[str, Any] = self.state.info()
             reply.update(address=self.address, id=message["id"], op="info-reply")

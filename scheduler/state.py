@@ -100,6 +100,10 @@ class SchedulerState(RetirementMixin):
         self._init_retirements(float(config.get("scheduler.retire-timeout")))
         # What happened, for the dashboard and /metrics: set only where someone can look.
         self.events: EventLog | None = None
+        # Runs that gave their resources back while seceded (scheduler/secession.py), and
+        # what to call when a worker's resources come free while some want theirs back.
+        self.unheld_runs: set[int] = set()
+        self.reacquire_hook: Callable[[WorkerState], None] | None = None
 
     # ------------------------------------------------------------- set helpers
     def _with(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
@@ -653,12 +657,17 @@ class SchedulerState(RetirementMixin):
             if ws.slots > 0 and ws.address in self.workers:
                 self.idle[ws] = None
         used, free, total = ws.used, ws.free, ws.total
-        for name, amount in ts.shape:
-            left = used[name] - amount
-            # Float sums of fractional demands drift; snap to the exact totals.
-            used[name] = left = 0 if -1e-9 < left < 1e-9 else left
-            free[name] = total[name] - left
+        if self.unheld_runs and run_id in self.unheld_runs:
+            self.unheld_runs.discard(run_id)  # gave its resources back when it seceded
+        else:
+            for name, amount in ts.shape:
+                left = used[name] - amount
+                # Float sums of fractional demands drift; snap to the exact totals.
+                used[name] = left = 0 if -1e-9 < left < 1e-9 else left
+                free[name] = total[name] - left
         if ws.address in self.workers:
+            if self.reacquire_hook is not None:  # seceded runs asking for theirs back first
+                self.reacquire_hook(ws)
             if ws.reserved_for is not None:
                 self._serve(ws)
             if len(ws.processing) < ws.slots:
@@ -935,7 +944,9 @@ class SchedulerState(RetirementMixin):
         problems = []
         for ws in self.workers.values():
             expected: dict[str, float] = dict.fromkeys(ws.total, 0)
-            for ts in ws.processing.values():
+            for run_id, ts in ws.processing.items():
+                if run_id in self.unheld_runs:
+                    continue
                 for name, amount in ts.shape:
                     expected[name] = expected.get(name, 0) + amount
             for name, total in ws.total.items():

@@ -128,3 +128,10 @@ def check_retire(message: Message) -> tuple[list[str], int | None]:
         f"'retire' needs 'count' to be an int >= 0 (or absent for all named), got {count!r}",
     )
     return names, count
+
+
+def check_parent(message: Message) -> str:
+    """The key of the task whose client submitted a batch (``parent``)."""
+    parent: Any = message.get("parent")
+    _expect(isinstance(parent, str) and parent != "", "'parent' must be a task key")
+    return parent

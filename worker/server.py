@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from apportion.worker import output
+from apportion.worker import output, secession
 from apportion.worker.context import TaskInfo, WorkerInfo, set_current
 from apportion.worker.state import (
     Execute,
@@ -206,6 +206,22 @@ class Worker:
             self.scheduler.send({"op": "heartbeat", **output.units_held(tasks)})
             output.send_running_output(tasks, self.scheduler.send)
 
+    def add_task_thread(self) -> None:
+        """One more task thread (a task seceded: its thread left the pool)."""
+        thread = threading.Thread(
+            target=self._task_thread, name=f"apportion-task-{len(self._threads)}", daemon=True
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    def _loop_call(self, callback: Any, *args: Any) -> None:
+        """Run ``callback(*args)`` on the event loop (from a task thread)."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            pass  # the loop is closed: the worker is gone
+
     def _send(self, message: Message) -> None:
         if self.scheduler is not None and not self.scheduler.closed:
             self.scheduler.send(message)
@@ -253,6 +269,9 @@ class Worker:
             elif op == "acquire-data":
                 with self._lock:
                     instructions = self.state.acquire(message["key"], message["who_has"])
+            elif op == "reacquired":  # a seceded run's resources are its own again
+                with self._lock:
+                    instructions = secession.reacquired(self.state, message["run_id"])
             elif op == "run":
                 background(self._on_run(message))
                 continue
@@ -277,6 +296,8 @@ class Worker:
         for instruction in instructions:
             if isinstance(instruction, Execute):
                 self._jobs.put(instruction.task)
+            elif isinstance(instruction, secession.Resume):
+                instruction.rejoin.event.set()
             elif isinstance(instruction, Send):
                 self._send(instruction.message)
             elif isinstance(instruction, Fetch):
@@ -343,13 +364,21 @@ class Worker:
             with self._lock:
                 starts = self.state.free_run(task)
             task = None
+            others = [start for start in starts if not isinstance(start, Execute)]
+            if others:  # seceded runs resuming (worker/secession.py)
+                self._loop_call(self._carry_out, others)
+            extra = secession.left_pool()  # this thread seceded: another took its place
             for start in starts:
-                assert isinstance(start, Execute)
-                if task is None:
+                if not isinstance(start, Execute):
+                    continue
+                if task is None and not extra:
                     task = start.task  # this thread runs it next
                 else:
                     self._jobs.put(start.task)
-            del starts
+            del starts, others
+            if extra:
+                secession.mark_left_pool(False)
+                return
             if task is None:
                 task = self._jobs.get()
 
@@ -387,6 +416,7 @@ class Worker:
         """Runs in a task thread: returns (ok, value, pickled value or exception, traceback)."""
         context = TaskInfo(task.key, dict(task.shape), task.units)
         task.start = output.begin(task)
+        secession.set_running(self, task)
         try:
             value = self._call(task.func, task.args, context)
             payload = dumps_value(value)
@@ -401,6 +431,7 @@ class Worker:
             data, text = dumps_exception(exc)
             return False, None, data, text
         finally:
+            secession.set_running(None, None)
             task.output = output.end()
             task.stop = time.time()
 

@@ -155,6 +155,8 @@ class WorkerState:
         # Keys the scheduler freed while a task here still needed them: gone when it ends.
         self.doomed: set[str] = set()
         self.fetching: dict[str, _Fetching] = {}
+        # Seceded runs (worker/secession.py's Books), once one secedes.
+        self.secession: Any = None
 
     # ------------------------------------------------------------ scheduler events
     def compute(self, message: Message) -> list[Instruction]:
@@ -320,8 +322,11 @@ class WorkerState:
 
     def free_run(self, task: WorkerTask) -> list[Instruction]:
         """Give back a reported run's thread and resources; start what can start now."""
-        self.running -= 1
-        self.ledger.release(task.shape, task.units)
+        counted, held = (True, True) if self.secession is None else self.secession.run_over(task)
+        if counted:
+            self.running -= 1
+        if held:
+            self.ledger.release(task.shape, task.units)
         self._unneed(task)
         return self._start()
 
@@ -340,6 +345,8 @@ class WorkerState:
     def _start(self) -> list[Instruction]:
         """Start the most urgent ready tasks that fit, while threads are free."""
         started: list[Instruction] = []
+        if self.secession is not None and self.secession.rejoining:
+            started.extend(self.secession.resume(self))  # seceded runs come first
         ready, ledger = self.ready, self.ledger
         while ready and self.running < self.nthreads:
             best: WorkerTask | None = None
@@ -382,15 +389,20 @@ class WorkerState:
     def check_invariants(self) -> list[str]:
         """Problems with the books (empty when all is well); used by the tests."""
         problems = []
-        running = [t for t in self.tasks.values() if t.status == "running"]
+        seceded = self.secession.seceded if self.secession is not None else set()
+        unheld = self.secession.unheld if self.secession is not None else set()
+        running = [
+            t for t in self.tasks.values() if t.status == "running" and t.run_id not in seceded
+        ]
         holding: dict[str, float] = dict.fromkeys(self.resources, 0)
         if len(running) > self.running:
             problems.append(f"{len(running)} running tasks > running count {self.running}")
         if self.running > self.nthreads:
             problems.append(f"{self.running} runs > {self.nthreads} threads")
-        for task in running:
-            for name, amount in task.shape:
-                holding[name] += amount
+        for task in self.tasks.values():
+            if task.status == "running" and task.run_id not in unheld:
+                for name, amount in task.shape:
+                    holding[name] += amount
         for name, total in self.resources.items():
             used = self.ledger.used.get(name, 0)
             if used > total + 1e-9:

@@ -42,6 +42,8 @@ class Sim:
         self.freed: dict[str, list[str]] = {}
         # Every acquire-data message ever sent, in order, as (address, message).
         self.acquires: list[tuple[str, Message]] = []
+        # Seceded runs given their resources back, as (address, run_id).
+        self.reacquired: list[tuple[str, int]] = []
         self.to_clients: dict[str, list[Message]] = {}
 
     # ------------------------------------------------------------------ plumbing
@@ -69,6 +71,8 @@ class Sim:
             self.freed.setdefault(address, []).extend(msg["keys"])
         elif op == "acquire-data":
             self.acquires.append((address, msg))
+        elif op == "reacquired":
+            self.reacquired.append((address, msg["run_id"]))
         else:  # pragma: no cover - a new op the tests do not know yet
             raise AssertionError(f"unexpected message to worker {address}: {msg}")
 
@@ -79,7 +83,9 @@ class Sim:
         # exactly the sum of the demands of the runs that worker has not reported over.
         for address, ws in self.state.workers.items():
             expected: dict[str, float] = dict.fromkeys(ws.total, 0)
-            for msg in self.runs[address].values():
+            for run_id, msg in self.runs[address].items():
+                if run_id in self.state.unheld_runs:
+                    continue  # seceded, its resources given back (scheduler/secession.py)
                 for name, amount in msg.get("resources", {}).items():
                     expected[name] = expected.get(name, 0) + amount
             for name in set(expected) | set(ws.used):
