@@ -9,6 +9,7 @@
 from apportion import config
 from apportion.annotations import annotate
 from apportion.client import Client, NoWorkerWarning
+from apportion.coordination import Event, Lock, Queue, Semaphore, Variable
 from apportion.data import fire_and_forget
 from apportion.errors import (
     CancelledError,
@@ -29,14 +30,19 @@ __all__ = [
     "FIRST_COMPLETED",
     "CancelledError",
     "Client",
+    "Event",
     "Future",
     "KilledWorkerError",
     "LocalCluster",
+    "Lock",
     "NoValidWorkerError",
     "NoWorkerWarning",
+    "Queue",
     "ResourceDeadlockError",
     "SchedulerConnectionError",
+    "Semaphore",
     "TaskInfo",
+    "Variable",
     "WorkerInfo",
     "annotate",
     "as_completed",

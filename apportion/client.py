@@ -25,6 +25,7 @@ from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
 from apportion.dask_default import on_client_created
 from apportion.dask_default import restore as restore_dask_default
+from apportion.default_client import remember as remember_client
 from apportion.errors import SchedulerConnectionError
 from apportion.futures import Future, FutureState
 from apportion.logs import line_count, recent_lines, show_task_output
@@ -122,6 +123,7 @@ class Client:
             self._io.stop()
             raise
         on_client_created(self)
+        remember_client(self)
 
     async def _connect(self, timeout: float) -> str:
         self._comm, welcome = await connect(
@@ -609,7 +611,7 @@ class Client:
             self._warn_no_worker(message)
         elif op == "task-output":
             show_task_output(message)
-        elif op in ("info-reply", "run-reply", "retire-reply", "logs-reply"):
+        elif op in ("info-reply", "run-reply", "retire-reply", "logs-reply", "coord-reply"):
             reply = self._requests.pop(message["id"], None)
             if reply is not None and not reply.done():
                 reply.set_result(message)

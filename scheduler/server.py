@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from apportion.scheduler.coordination import Coordination
 from apportion.scheduler.secession import RUN_ENDS, Secession, secession_handlers
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.validation import (
@@ -59,6 +60,7 @@ class Scheduler:
         self.http_port = http_port
         self.state = SchedulerState()
         self.secession = Secession(self.state)
+        self.coordination = Coordination(self.state.send)
         self.listener = Listener(self._serve, token, roles=("client", "worker"))
         self.comms: dict[str, Comm] = {}
         self.address = ""
@@ -245,6 +247,7 @@ class Scheduler:
             self.comms.pop(client, None)
             self._close_when_retired = {r for r in self._close_when_retired if r[0] != client}
             comm.close()
+            self.coordination.client_left(client)
             self.state.remove_client(client)
             self._flush()
 
@@ -280,6 +283,8 @@ class Scheduler:
         elif op == "expect-leave":
             self._planned_leaves.add(str(message["name"]))
             comm.send({"op": "expect-leave-reply", "id": message["id"]})
+        elif op == "coord":  # Variable, Queue, Event, Lock, Semaphore (coordination.py)
+            self.coordination.handle(client, message)
         elif op == "logs":
             lines = recent_lines(check_lines(message.get("n")))
             comm.send({"op": "logs-reply", "id": message["id"], "lines": lines})
