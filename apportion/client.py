@@ -82,9 +82,23 @@ class _LoopThread:
 class Client:
     """Connect to a scheduler: ``Client("tcp://host:8786")`` or ``Client(cluster)``."""
 
+    def __new__(cls, *args: Any, asynchronous: bool = False, **kwargs: Any) -> Client:
+        if asynchronous and not cls.asynchronous:  # Client(..., asynchronous=True)
+            from apportion.async_client import AsyncClient
+
+            return object.__new__(AsyncClient)
+        return object.__new__(cls)
+
     def __init__(
-        self, address: Any = None, *, token: str | None = None, timeout: float = 10.0
+        self,
+        address: Any = None,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        asynchronous: bool = False,
     ) -> None:
+        """``asynchronous=True``: an ``AsyncClient`` for use inside a running event loop
+        (``await Client(..., asynchronous=True)``; see apportion/async_client.py)."""
         if address is None:
             address = os.environ.get("APPORTION_SCHEDULER_ADDRESS")
             if not address:
@@ -116,6 +130,11 @@ class Client:
         self._lost: str | None = None
         self._warned: set[tuple] = set()
         self._io = _LoopThread()
+        if self.asynchronous:  # connected when awaited, without blocking the caller's loop
+            self._connecting = asyncio.run_coroutine_threadsafe(
+                self._connect(timeout), self._io.loop
+            )
+            return
         try:
             self.id = self._io.run(self._connect(timeout), timeout + 5)
         except BaseException:
