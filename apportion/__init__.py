@@ -9,12 +9,14 @@
 from apportion import config
 from apportion.annotations import annotate
 from apportion.client import Client, NoWorkerWarning
+from apportion.cluster_ops import TaskStream as get_task_stream
 from apportion.coordination import Event, Lock, Queue, Semaphore, Variable
 from apportion.data import fire_and_forget
 from apportion.errors import (
     CancelledError,
     KilledWorkerError,
     NoValidWorkerError,
+    Reschedule,
     ResourceDeadlockError,
     SchedulerConnectionError,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "NoValidWorkerError",
     "NoWorkerWarning",
     "Queue",
+    "Reschedule",
     "ResourceDeadlockError",
     "SchedulerConnectionError",
     "Semaphore",
@@ -49,6 +52,7 @@ __all__ = [
     "config",
     "fire_and_forget",
     "get_client",
+    "get_task_stream",
     "get_worker",
     "progress",
     "rejoin",

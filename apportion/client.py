@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
 
-from apportion import config
+from apportion import cluster_ops, config
 from apportion.aio import background, new_event_loop
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
@@ -559,6 +559,24 @@ class Client:
         self._comm.send({**message, "id": request_id})
         return await reply
 
+    # ------------------------------------------ more of Dask's API (apportion/cluster_ops.py)
+    def set_resources(self, worker: str, resources: dict[str, float]) -> dict[str, float]:
+        """Give a worker (name or address) new resource totals at runtime: new placements
+        follow them; runs under way keep what they hold."""
+        return cluster_ops.set_resources(self, worker, resources)
+
+    def run_on_scheduler(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``func(*args, **kwargs)`` in the scheduler process; see cluster_ops."""
+        return cluster_ops.run_on_scheduler(self, func, *args, **kwargs)
+
+    def upload_file(self, filename: str) -> dict[str, str]:
+        """Make a local .py/.zip/.egg/.whl file importable on every worker, now and later."""
+        return cluster_ops.upload_file(self, filename)
+
+    def get_task_stream(self, start: float | None = None) -> list[dict[str, Any]]:
+        """The runs that ended since ``start`` (wall clock), oldest first."""
+        return cluster_ops.get_task_stream(self, start)
+
     # ------------------------------------------------- Dask collections (apportion[dask])
     # Dask accepts a client object as ``scheduler=`` when it is not asynchronous.
     asynchronous = False
@@ -630,7 +648,14 @@ class Client:
             self._warn_no_worker(message)
         elif op == "task-output":
             show_task_output(message)
-        elif op in ("info-reply", "run-reply", "retire-reply", "logs-reply", "coord-reply"):
+        elif op in (
+            "info-reply",
+            "run-reply",
+            "retire-reply",
+            "logs-reply",
+            "coord-reply",
+            "reply",
+        ):
             reply = self._requests.pop(message["id"], None)
             if reply is not None and not reply.done():
                 reply.set_result(message)
@@ -781,6 +806,11 @@ def _submission_bytes(specs: list[Message]) -> int:
         + len(specs) * _SPEC_OVERHEAD
     )
 
+
+# Answers to requests (see _request_async), by their op.
+_REPLIES = frozenset(
+    {"info-reply", "run-reply", "retire-reply", "logs-reply", "coord-reply", "reply"}
+)
 
 _FUNC, _ARGS, _KEY, _DEPS = map(itemgetter, ("func", "args", "key", "deps"))
 

@@ -17,6 +17,7 @@ __all__ = [
     "KilledWorkerError",
     "NoValidWorkerError",
     "RemoteTraceback",
+    "Reschedule",
     "ResourceDeadlockError",
     "SchedulerConnectionError",
     "StartupError",
@@ -60,6 +61,10 @@ class ResourceDeadlockError(ApportionError, RuntimeError):
 
     def __reduce__(self) -> tuple:
         return (type(self), (str(self), self.key, self.holders))
+
+
+class Reschedule(ApportionError):
+    """Raised by a task to be placed again (its run ends, its resources are released)."""
 
 
 class SchedulerConnectionError(ApportionError, ConnectionError):

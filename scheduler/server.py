@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from apportion.scheduler.client_ops import client_ops
 from apportion.scheduler.coordination import Coordination
 from apportion.scheduler.secession import RUN_ENDS, Secession, secession_handlers
 from apportion.scheduler.state import SchedulerState
@@ -61,6 +62,9 @@ class Scheduler:
         self.state = SchedulerState()
         self.secession = Secession(self.state)
         self.coordination = Coordination(self.state.send)
+        self.client_ops = client_ops(self)
+        # client.upload_file: a run message per file, for workers that join later.
+        self.uploads: dict[str, Message] = {}
         self.listener = Listener(self._serve, token, roles=("client", "worker"))
         self.comms: dict[str, Comm] = {}
         self.address = ""
@@ -159,6 +163,8 @@ class Scheduler:
         info: dict[str, Any] = {k: hello[k] for k in ("pid", "host") if k in hello}
         comm.send({"op": "welcome", "scheduler": self.address})
         self.comms[address] = comm
+        for upload in self.uploads.values():  # before any task: what tasks may import
+            comm.send(upload)
         self.state.add_worker(address, name, nthreads, resources, hello.get("memory_limit"), info)
         self._flush()
         handlers: dict[str, Callable[[str, Message], None]] = {
@@ -283,8 +289,8 @@ class Scheduler:
         elif op == "expect-leave":
             self._planned_leaves.add(str(message["name"]))
             comm.send({"op": "expect-leave-reply", "id": message["id"]})
-        elif op == "coord":  # Variable, Queue, Event, Lock, Semaphore (coordination.py)
-            self.coordination.handle(client, message)
+        elif op in self.client_ops:  # client_ops.py: resources, uploads, coordination...
+            self.client_ops[op](client, comm, message)
         elif op == "logs":
             lines = recent_lines(check_lines(message.get("n")))
             comm.send({"op": "logs-reply", "id": message["id"], "lines": lines})
@@ -335,14 +341,16 @@ class Scheduler:
 
     # ------------------------------------------------------ client.run broadcast
     def _start_broadcast(self, client: str, message: Message) -> None:
+        self.broadcast(client, message["id"], {"func": message["func"], "args": message["args"]})
+
+    def broadcast(self, client: str, reply_id: Any, fields: Message, op: str = "run") -> None:
+        """Send ``op`` to every worker; the client gets ``run-reply`` with their answers."""
         run = _BroadcastRun(
-            next(self._run_ids), client, message["id"], set(self.comms) & set(self.state.workers)
+            next(self._run_ids), client, reply_id, set(self.comms) & set(self.state.workers)
         )
         self._runs[run.run_id] = run
         for address in run.waiting:
-            self.comms[address].send(
-                {"op": "run", "id": run.run_id, "func": message["func"], "args": message["args"]}
-            )
+            self.comms[address].send({"op": op, "id": run.run_id, **fields})
         self._maybe_finish_run(run)
 
     def _on_run_result(self, address: str, message: Message, run: Any = None) -> None:

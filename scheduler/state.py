@@ -104,6 +104,8 @@ class SchedulerState(RetirementMixin):
         # what to call when a worker's resources come free while some want theirs back.
         self.unheld_runs: set[int] = set()
         self.reacquire_hook: Callable[[WorkerState], None] | None = None
+        # Workers whose resources were set below what their runs hold (worker_resources.py).
+        self.shrunk: set[WorkerState] = set()
 
     # ------------------------------------------------------------- set helpers
     def _with(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
@@ -951,7 +953,7 @@ class SchedulerState(RetirementMixin):
                     expected[name] = expected.get(name, 0) + amount
             for name, total in ws.total.items():
                 used = ws.used.get(name, 0)
-                if used > total + 1e-9:
+                if used > total + 1e-9 and ws not in self.shrunk:
                     problems.append(f"{ws.name}: {name} used {used} > total {total}")
                 if abs(used - expected.get(name, 0)) > 1e-9:
                     problems.append(

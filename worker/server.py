@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from apportion.worker import output, secession
+from apportion.worker import output, secession, uploads
 from apportion.worker.context import TaskInfo, WorkerInfo, set_current
 from apportion.worker.state import (
     Execute,
@@ -33,6 +33,7 @@ from tornado.ioloop import PeriodicCallback
 
 from apportion import config
 from apportion.aio import background
+from apportion.errors import Reschedule
 from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
 from apportion.protocol.comm import format_address, parse_address
@@ -269,6 +270,15 @@ class Worker:
             elif op == "acquire-data":
                 with self._lock:
                     instructions = self.state.acquire(message["key"], message["who_has"])
+            elif op == "upload-file":  # before the tasks sent after it (worker/uploads.py)
+                self._send(uploads.reply_to(message))
+                continue
+            elif op == "set-resources":  # client.set_resources: new totals from now on
+                self.resources = validate(message["resources"], what="capacity")
+                with self._lock:
+                    self.state.resources = dict(self.resources)
+                    self.state.ledger.resize(self.resources)
+                    instructions = self.state._start()
             elif op == "reacquired":  # a seceded run's resources are its own again
                 with self._lock:
                     instructions = secession.reacquired(self.state, message["run_id"])
@@ -427,6 +437,8 @@ class Worker:
                     "pieces (split the work) or raise comm.max-frame-bytes everywhere"
                 )
             return True, value, payload, ""
+        except Reschedule as exc:  # placed again: reported as given back (worker/state.py)
+            return False, exc, b"", ""
         except BaseException as exc:
             data, text = dumps_exception(exc)
             return False, None, data, text

@@ -29,6 +29,7 @@ from typing import Any, Literal, NamedTuple
 from apportion.worker.local_resources import LocalResources
 from apportion.worker.output import Capture, add_run_report
 
+from apportion.errors import Reschedule
 from apportion.resources import Shape, format_resources, to_shape
 from apportion.serialize import dumps_exception
 
@@ -310,6 +311,8 @@ class WorkerState:
         if task.status == "cancelled":
             return [Send({"op": "task-released", "key": task.key, "run_id": task.run_id})]
         if not ok:
+            if isinstance(value, Reschedule):  # the task asked to be placed again
+                return [Send({"op": "task-released", "key": task.key, "run_id": task.run_id})]
             return [Send(erred_message(task, payload, traceback))]
         # Stored before the scheduler hears of it: a peer may ask for it at once.
         self.data[task.key] = value
