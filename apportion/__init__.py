@@ -22,6 +22,7 @@ from apportion.errors import (
 )
 from apportion.futures import FIRST_COMPLETED, Future, as_completed, wait
 from apportion.local import LocalCluster
+from apportion.performance_report import performance_report
 from apportion.progress import progress
 from apportion.worker.context import TaskInfo, WorkerInfo, get_worker
 from apportion.worker_client import get_client, rejoin, secede, worker_client
@@ -54,6 +55,7 @@ __all__ = [
     "get_client",
     "get_task_stream",
     "get_worker",
+    "performance_report",
     "progress",
     "rejoin",
     "secede",

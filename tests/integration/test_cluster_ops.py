@@ -158,3 +158,30 @@ def test_task_stream_records_the_runs_of_a_block(client: Client) -> None:
     assert all(run["stop"] >= run["start"] > 0 for run in stream.data)
     assert all(run["key"].startswith("inc-") for run in stream.data)
     assert len(client.get_task_stream()) >= 5
+
+
+def test_performance_report_writes_the_task_stream_and_resource_use(client: Client) -> None:
+    from apportion import performance_report
+
+    path = os.path.join(tempfile.mkdtemp(), "report.html")
+    go = os.path.join(tempfile.mkdtemp(), "go")
+    with performance_report(path, client=client, interval=0.02) as report:
+        futures = client.map(wait_for_file, [go] * 4, resources={"GPU": 1}, pure=False)
+        # Both GPUs in use until the report has seen it.
+        wait_until(
+            lambda: any(
+                seen.get("gpu-a", {}).get("used", {}).get("GPU") == 2 for _, seen in report.samples
+            ),
+            timeout=30,
+            what="a sample with both GPUs in use",
+        )
+        open(go, "w").close()
+        client.gather(futures)
+    with open(path, encoding="utf-8") as f:
+        html = f.read()
+    assert html.startswith("<!doctype html>")
+    assert "Task stream (4 runs" in html
+    assert html.count("<rect ") == 4
+    assert "wait_for_file" in html
+    assert "GPU in use" in html and "gpu-a: of 2" in html
+    assert "<td>gpu-a</td><td>GPU</td><td>2</td>" in html  # the peak
