@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 WIDTH = 1000
 LANE = 18
+MARGIN = 80  # room for the workers' names left of the lanes
 PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2"]
 
 
@@ -92,25 +93,29 @@ def render(
     span = max(stop - start, 1e-6)
 
     def x(t: float) -> float:
-        return round((min(max(t, start), stop) - start) / span * WIDTH, 1)
+        return round(MARGIN + (min(max(t, start), stop) - start) / span * (WIDTH - MARGIN), 1)
 
     prefixes = sorted({key_prefix(r["key"]) for r in runs})
     colour = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(prefixes)}
     workers = sorted({r["worker"] for r in runs} | {w for _, seen in samples for w in seen})
-    lane = {w: i for i, w in enumerate(workers)}
+    rows = _rows(runs, workers)
     bars = [
-        f'<rect x="{x(r["start"])}" y="{lane[r["worker"]] * LANE}" '
+        f'<rect x="{x(r["start"])}" y="{row * LANE}" '
         f'width="{max(x(r["stop"]) - x(r["start"]), 1)}" height="{LANE - 3}" '
         f'fill="{"#000" if r["state"] == "erred" else colour[key_prefix(r["key"])]}">'
         f"<title>{html.escape(r['key'])} on {html.escape(r['worker'])}: "
         f"{r['stop'] - r['start']:.3f}s {r['state']}</title></rect>"
-        for r in runs
+        for r, row in rows.items()
     ]
+    first_rows: dict[str, int] = {}
+    for r, row in rows.items():
+        first_rows[r["worker"]] = min(row, first_rows.get(r["worker"], row))
     labels = [
-        f'<text x="2" y="{i * LANE + 12}" font-size="11">{html.escape(w)}</text>'
-        for w, i in lane.items()
+        f'<text x="2" y="{row * LANE + 12}" font-size="11">{html.escape(w)}</text>'
+        for w, row in first_rows.items()
     ]
-    stream = _svg(len(workers) * LANE, labels + bars)
+    height = (max(rows.values(), default=-1) + 1) * LANE
+    stream = _svg(height, labels + bars)
     sections = [f"<h2>Task stream ({len(runs)} runs, {span:.2f}s)</h2>", stream, _legend(colour)]
     for resource in sorted({r for _, seen in samples for w in seen.values() for r in w["total"]}):
         sections.append(f"<h2>{html.escape(resource)} in use</h2>")
@@ -123,6 +128,29 @@ def render(
         f"<p>{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(start))}, "
         f"{span:.2f} seconds</p>{''.join(sections)}</body></html>"
     )
+
+
+class _Run(dict):  # type: ignore[type-arg]
+    """A run as a dict key (by identity): its row in the task stream."""
+
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+
+def _rows(runs: list[dict[str, Any]], workers: list[str]) -> dict[Any, int]:
+    """Each run's row: a worker's runs that overlap in time go on rows of their own (one
+    per thread in use), the workers one below the other."""
+    placed: dict[Any, int] = {}
+    base = 0
+    for worker in workers:
+        ends: list[float] = []  # per row of this worker: when its last run ended
+        for run in sorted((r for r in runs if r["worker"] == worker), key=lambda r: r["start"]):
+            row = next((i for i, end in enumerate(ends) if end <= run["start"]), len(ends))
+            if row == len(ends):
+                ends.append(0.0)
+            ends[row] = run["stop"]
+            placed[_Run(run)] = base + row
+        base += max(len(ends), 1)
+    return placed
 
 
 def _svg(height: int, parts: list[str]) -> str:

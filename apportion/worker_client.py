@@ -51,6 +51,16 @@ def get_client() -> Client:
         return client
 
 
+def close_clients() -> None:
+    """Close the clients tasks made here (the worker process is stopping): what they
+    still wanted is released before the worker leaves."""
+    with _clients_lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for client in clients:
+        client.close()
+
+
 def secede(release_resources: bool = False) -> None:
     """Give this task's thread back to the worker (another task may start in its place);
     with ``release_resources`` its resources too, until ``rejoin()``."""

@@ -46,6 +46,7 @@ from apportion.serialize import (
     loads_args,
     loads_value,
 )
+from apportion.worker_client import close_clients
 
 logger = logging.getLogger("apportion.worker")
 
@@ -188,6 +189,7 @@ class Worker:
             return
         if self._heartbeat is not None:
             self._heartbeat.stop()
+        await asyncio.get_running_loop().run_in_executor(None, close_clients)
         if self.scheduler is not None and not self.scheduler.closed:
             try:
                 await self.scheduler.write([{"op": "goodbye", "reason": reason}])
