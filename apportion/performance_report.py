@@ -105,16 +105,16 @@ def render(
         f'fill="{"#000" if r["state"] == "erred" else colour[key_prefix(r["key"])]}">'
         f"<title>{html.escape(r['key'])} on {html.escape(r['worker'])}: "
         f"{r['stop'] - r['start']:.3f}s {r['state']}</title></rect>"
-        for r, row in rows.items()
+        for r, row in zip(runs, rows, strict=True)
     ]
     first_rows: dict[str, int] = {}
-    for r, row in rows.items():
+    for r, row in zip(runs, rows, strict=True):
         first_rows[r["worker"]] = min(row, first_rows.get(r["worker"], row))
     labels = [
         f'<text x="2" y="{row * LANE + 12}" font-size="11">{html.escape(w)}</text>'
         for w, row in first_rows.items()
     ]
-    height = (max(rows.values(), default=-1) + 1) * LANE
+    height = (max(rows, default=-1) + 1) * LANE
     stream = _svg(height, labels + bars)
     sections = [f"<h2>Task stream ({len(runs)} runs, {span:.2f}s)</h2>", stream, _legend(colour)]
     for resource in sorted({r for _, seen in samples for w in seen.values() for r in w["total"]}):
@@ -130,25 +130,22 @@ def render(
     )
 
 
-class _Run(dict):  # type: ignore[type-arg]
-    """A run as a dict key (by identity): its row in the task stream."""
-
-    __hash__ = object.__hash__  # type: ignore[assignment]
-
-
-def _rows(runs: list[dict[str, Any]], workers: list[str]) -> dict[Any, int]:
-    """Each run's row: a worker's runs that overlap in time go on rows of their own (one
-    per thread in use), the workers one below the other."""
-    placed: dict[Any, int] = {}
+def _rows(runs: list[dict[str, Any]], workers: list[str]) -> list[int]:
+    """Each run's row (aligned with ``runs``): a worker's runs that overlap in time go on
+    rows of their own (one per thread in use), the workers one below the other."""
+    placed = [0] * len(runs)
     base = 0
     for worker in workers:
         ends: list[float] = []  # per row of this worker: when its last run ended
-        for run in sorted((r for r in runs if r["worker"] == worker), key=lambda r: r["start"]):
-            row = next((i for i, end in enumerate(ends) if end <= run["start"]), len(ends))
+        mine = sorted(
+            (i for i, r in enumerate(runs) if r["worker"] == worker), key=lambda i: runs[i]["start"]
+        )
+        for i in mine:
+            row = next((n for n, end in enumerate(ends) if end <= runs[i]["start"]), len(ends))
             if row == len(ends):
                 ends.append(0.0)
-            ends[row] = run["stop"]
-            placed[_Run(run)] = base + row
+            ends[row] = runs[i]["stop"]
+            placed[i] = base + row
         base += max(len(ends), 1)
     return placed
 
