@@ -26,7 +26,7 @@ from apportion.auth import token_from_environment
 from apportion.dask_default import on_client_created
 from apportion.dask_default import restore as restore_dask_default
 from apportion.default_client import remember as remember_client
-from apportion.errors import SchedulerConnectionError
+from apportion.errors import CancelledError, SchedulerConnectionError
 from apportion.futures import Future, FutureState
 from apportion.logs import line_count, recent_lines, show_task_output
 from apportion.progress import progress
@@ -573,6 +573,12 @@ class Client:
         """Make a local .py/.zip/.egg/.whl file importable on every worker, now and later."""
         return cluster_ops.upload_file(self, filename)
 
+    def restart(self, timeout: float = 60.0) -> Client:
+        """Forget every task (their futures, in every client, raise CancelledError) and
+        restart every worker, returning once they are all back."""
+        cluster_ops.restart(self, timeout)
+        return self
+
     def get_task_stream(self, start: float | None = None) -> list[dict[str, Any]]:
         """The runs that ended since ``start`` (wall clock), oldest first."""
         return cluster_ops.get_task_stream(self, start)
@@ -637,7 +643,8 @@ class Client:
                 state.fail(message["exception"], message.get("traceback") or "")
         elif op == "task-cancelled":
             if state is not None:
-                state.cancel()
+                reason = message.get("reason")
+                state.cancel(CancelledError(f"task {state.key!r}: {reason}") if reason else None)
         elif op == "task-lost":
             if state is not None:
                 state.lose()

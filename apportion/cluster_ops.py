@@ -77,6 +77,12 @@ def get_task_stream(client: Client, start: float | None = None) -> list[dict[str
     return [dict(run) for run in reply["runs"]]
 
 
+def restart(client: Client, timeout: float) -> list[str]:
+    """See ``Client.restart``; returns the names of the workers that came back."""
+    reply = _answer(client._request({"op": "restart", "timeout": timeout}, timeout + 30))
+    return list(reply["workers"])
+
+
 class TaskStream:
     """``with get_task_stream(client) as ts: ...`` then ``ts.data``: the runs of the block."""
 

@@ -1,15 +1,18 @@
 """Client requests beyond tasks, for the scheduler's network shell: ``set-resources``,
-``run-on-scheduler``, ``upload-file``, ``task-stream`` (and ``coord``, the coordination
-primitives). Each handler answers ``{"op": "reply", "id": ...}`` (``error`` when refused).
+``run-on-scheduler``, ``upload-file``, ``task-stream``, ``restart`` (and ``coord``, the
+coordination primitives). Each handler answers ``{"op": "reply", "id": ...}``, with
+``error`` when refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from apportion.scheduler.restart import forget_all_tasks
 from apportion.scheduler.worker_resources import set_resources
 
 from apportion.aio import background
@@ -93,6 +96,40 @@ def client_ops(server: Scheduler) -> dict[str, Handler]:
         runs = [run._asdict() for run in state.events.recent_runs(100_000) if run.stop >= since]
         reply(comm, message, runs=runs)
 
+    def on_restart(client: str, comm: Comm, message: Message) -> None:
+        state = server.state
+        names = sorted(ws.name for ws in state.workers.values())
+        old = set(state.workers)
+        cancelled = forget_all_tasks(state, "the cluster was restarted (client.restart())")
+        for address in old:
+            worker = server.comms.get(address)
+            if worker is not None and not worker.closed:
+                worker.send({"op": "restart"})
+        logger.info("restart: %d tasks forgotten, workers %s restarting", cancelled, names)
+        timeout = float(message.get("timeout") or 60)
+
+        async def wait_for_workers() -> None:
+            deadline = asyncio.get_running_loop().time() + timeout
+            while True:
+                back = {ws.name for ws in state.workers.values() if ws.address not in old}
+                missing = [name for name in names if name not in back]
+                if not missing:
+                    reply(comm, message, workers=names)
+                    return
+                if asyncio.get_running_loop().time() > deadline:
+                    reply(
+                        comm,
+                        message,
+                        error=f"workers {missing} did not come back within {timeout:g}s of "
+                        "the restart (is a nanny running them? a worker started alone "
+                        "by `apportion worker` without one stays down)",
+                    )
+                    return
+                await asyncio.sleep(0.05)  # polling the registrations, on the loop
+
+        server._flush()
+        background(wait_for_workers())
+
     def on_coord(client: str, comm: Comm, message: Message) -> None:
         server.coordination.handle(client, message)
 
@@ -102,6 +139,7 @@ def client_ops(server: Scheduler) -> dict[str, Handler]:
         "upload-file": on_upload_file,
         "task-stream": on_task_stream,
         "coord": on_coord,
+        "restart": on_restart,
     }
 
 

@@ -272,6 +272,10 @@ class Worker:
             elif op == "acquire-data":
                 with self._lock:
                     instructions = self.state.acquire(message["key"], message["who_has"])
+            elif op == "restart":  # client.restart(): exit to be started afresh by the nanny
+                self.failure = "restarting, as asked (client.restart())"
+                background(self.close("restarting"))
+                continue
             elif op == "upload-file":  # before the tasks sent after it (worker/uploads.py)
                 self._send(uploads.reply_to(message))
                 continue

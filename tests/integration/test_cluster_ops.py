@@ -185,3 +185,25 @@ def test_performance_report_writes_the_task_stream_and_resource_use(client: Clie
     assert "wait_for_file" in html
     assert "GPU in use" in html and "gpu-a: of 2" in html
     assert "<td>gpu-a</td><td>GPU</td><td>2</td>" in html  # the peak
+
+
+def test_restart_forgets_every_task_tells_waiting_clients_and_restarts_the_workers(
+    client: Client, cluster: LocalCluster
+) -> None:
+    from apportion import CancelledError
+
+    path = os.path.join(tempfile.mkdtemp(), "never")
+    stuck = client.submit(wait_for_file, path, resources={"GPU": 1}, pure=False)
+    done = client.submit(inc, 1, pure=False)
+    assert done.result(timeout=30) == 2
+    before = dict(cluster.worker_pids)
+    assert client.restart(timeout=60) is client
+    with pytest.raises(CancelledError, match="restarted"):
+        stuck.result(timeout=10)
+    assert done.cancelled()
+    after = cluster.worker_pids
+    assert set(after) == set(before) and all(after[n] != before[n] for n in before)
+    info = client.scheduler_info()
+    assert info["tasks"] == {}
+    assert {w["name"] for w in info["workers"].values()} == set(before)
+    assert client.submit(inc, 2, pure=False).result(timeout=30) == 3
