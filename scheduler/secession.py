@@ -21,6 +21,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from apportion.scheduler.adjustments import adjustments
+
 from apportion.errors import ResourceDeadlockError
 from apportion.resources import Shape, fits, format_resources
 
@@ -82,7 +84,7 @@ class Secession:
         run = self.runs[run_id] = SecededRun(address, ts.key, run_id, ts.shape, release)
         if release and ts.shape:
             _give_back(ws, ts.shape)
-            state.unheld_runs.add(run_id)
+            adjustments(state).unheld_runs.add(run_id)
         self._extra_slot(ws, +1)
         logger.info(
             "task %s seceded on %s (%s)",
@@ -108,7 +110,7 @@ class Secession:
         if run is None or not run.released:
             return
         self.reacquiring.setdefault(address, []).append(run)
-        self.state.reacquire_hook = self.grant  # called as resources come free
+        adjustments(self.state).reacquire = self.grant  # called as resources come free
         ws = self.state.workers.get(address)
         if ws is not None:
             self.grant(ws)
@@ -121,13 +123,13 @@ class Secession:
         while waiting and fits(waiting[0].shape, ws.free):
             run = waiting.pop(0)
             run.released = False
-            state.unheld_runs.discard(run.run_id)
+            adjustments(state).unheld_runs.discard(run.run_id)
             _take(ws, run.shape)
             state.send(ws.address, {"op": "reacquired", "run_id": run.run_id})
         if not waiting:
             self.reacquiring.pop(ws.address, None)
             if not self.reacquiring:
-                state.reacquire_hook = None
+                adjustments(state).reacquire = None
 
     def run_ended(self, address: str, run_id: int) -> None:
         """Before the state hears the run is over: a seceded run's extra slot goes (the
@@ -164,9 +166,9 @@ class Secession:
     def worker_lost(self, address: str) -> None:
         self.reacquiring.pop(address, None)
         if not self.reacquiring:
-            self.state.reacquire_hook = None
+            adjustments(self.state).reacquire = None
         for run_id in [r for r, run in self.runs.items() if run.address == address]:
-            self.state.unheld_runs.discard(run_id)
+            adjustments(self.state).unheld_runs.discard(run_id)
             del self.runs[run_id]
         for run_id in [r for r, where in self.rejoined.items() if where == address]:
             del self.rejoined[run_id]

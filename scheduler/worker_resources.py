@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from apportion.scheduler.adjustments import adjustments
 from apportion.scheduler.restrictions import placeable
 
 from apportion.resources import format_resources
@@ -31,9 +32,9 @@ def set_resources(state: SchedulerState, ws: WorkerState, resources: dict[str, f
     # First: the tasks placed below must find the new amounts on the worker already.
     state.send(ws.address, {"op": "set-resources", "resources": dict(ws.total)})
     if any(ws.used[name] > ws.total[name] + 1e-9 for name in ws.total):
-        state.shrunk.add(ws)  # runs keep what they hold: over its total until they end
+        adjustments(state).shrunk.add(ws)  # runs keep what they hold: over its total until they end
     else:
-        state.shrunk.discard(ws)
+        adjustments(state).shrunk.discard(ws)
     orphaned = []
     for shape, fitting in state.fitting.items():
         if placeable(shape, ws):

@@ -85,10 +85,11 @@ class Sim:
         assert problems == [], problems
         # Independent ledger: what the scheduler counts as used on each live worker is
         # exactly the sum of the demands of the runs that worker has not reported over.
+        adjusted = self.state.adjusted  # seceded runs, resources set (adjustments.py)
         for address, ws in self.state.workers.items():
             expected: dict[str, float] = dict.fromkeys(ws.total, 0)
             for run_id, msg in self.runs[address].items():
-                if run_id in self.state.unheld_runs:
+                if adjusted is not None and run_id in adjusted.unheld_runs:
                     continue  # seceded, its resources given back (scheduler/secession.py)
                 for name, amount in msg.get("resources", {}).items():
                     expected[name] = expected.get(name, 0) + amount
@@ -99,7 +100,7 @@ class Sim:
                 )
                 # (Over its total only when set below what its runs hold: set_resources.)
                 assert ws.used.get(name, 0) <= ws.total.get(name, 0) + 1e-9 or (
-                    ws in self.state.shrunk
+                    adjusted is not None and ws in adjusted.shrunk
                 )
             # Beyond its slots only for more urgent tasks (see _outranked_worker).
             priorities = {msg.get("priority", 0) for msg in self.runs[address].values()}

@@ -39,7 +39,7 @@ def test_released_resources_go_to_others_and_come_back_before_queued_tasks() -> 
     sim.step()
     assert not [m for _, m in sim.computes if m["key"] == "other"]
     sim.finish("child")  # the GPU comes free: the parent has it back, not "other"
-    assert sim.state.unheld_runs == set()
+    assert sim.state.adjusted is not None and sim.state.adjusted.unheld_runs == set()
     assert sim.reacquired == [("w", run)]
     assert sim.used("w") == {"GPU": 1}
     assert sim.outstanding() == ["parent"]
