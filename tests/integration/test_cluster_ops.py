@@ -15,6 +15,7 @@ import pytest
 
 from apportion import Client, LocalCluster, Reschedule, get_task_stream, get_worker
 from tests.conftest import wait_until
+from tests.integration.conftest import assert_back_to_idle
 from tests.integration.tasks import hold, inc, peak_use, wait_for_file
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -36,15 +37,7 @@ def client(cluster: LocalCluster) -> Iterator[Client]:
     with Client(cluster) as client:
         yield client
         client.set_resources("gpu-a", {"GPU": 2})
-        wait_until(
-            lambda: all(
-                not any(w["used_resources"].values())
-                for w in client.scheduler_info()["workers"].values()
-            ),
-            timeout=30,
-            what="resources back to zero",
-        )
-        assert client.check_invariants() == []
+        assert_back_to_idle(client)
 
 
 def gpu_of(info: dict) -> float:

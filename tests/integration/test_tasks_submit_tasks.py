@@ -23,6 +23,7 @@ from apportion import (
     worker_client,
 )
 from tests.conftest import wait_until
+from tests.integration.conftest import assert_back_to_idle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -87,15 +88,7 @@ def cluster() -> Iterator[LocalCluster]:
 def client(cluster: LocalCluster) -> Iterator[Client]:
     with Client(cluster) as client:
         yield client
-        wait_until(
-            lambda: all(
-                not any(w["used_resources"].values()) and w["processing"] == 0
-                for w in client.scheduler_info()["workers"].values()
-            ),
-            timeout=30,
-            what="every worker idle with its resources back",
-        )
-        assert client.check_invariants() == []
+        assert_back_to_idle(client, runs_too=True)
 
 
 def test_a_task_tree_three_levels_deep_runs_on_single_thread_workers(client: Client) -> None:
