@@ -9,17 +9,23 @@
 from apportion import config
 from apportion.annotations import annotate
 from apportion.client import Client, NoWorkerWarning
+from apportion.cluster_ops import TaskStream as get_task_stream
+from apportion.coordination import Event, Lock, Queue, Semaphore, Variable
 from apportion.data import fire_and_forget
 from apportion.errors import (
     CancelledError,
     KilledWorkerError,
     NoValidWorkerError,
+    Reschedule,
+    ResourceDeadlockError,
     SchedulerConnectionError,
 )
 from apportion.futures import FIRST_COMPLETED, Future, as_completed, wait
 from apportion.local import LocalCluster
+from apportion.performance_report import performance_report
 from apportion.progress import progress
 from apportion.worker.context import TaskInfo, WorkerInfo, get_worker
+from apportion.worker_client import get_client, rejoin, secede, worker_client
 
 __version__ = "0.1.0"
 
@@ -27,19 +33,32 @@ __all__ = [
     "FIRST_COMPLETED",
     "CancelledError",
     "Client",
+    "Event",
     "Future",
     "KilledWorkerError",
     "LocalCluster",
+    "Lock",
     "NoValidWorkerError",
     "NoWorkerWarning",
+    "Queue",
+    "Reschedule",
+    "ResourceDeadlockError",
     "SchedulerConnectionError",
+    "Semaphore",
     "TaskInfo",
+    "Variable",
     "WorkerInfo",
     "annotate",
     "as_completed",
     "config",
     "fire_and_forget",
+    "get_client",
+    "get_task_stream",
     "get_worker",
+    "performance_report",
     "progress",
+    "rejoin",
+    "secede",
     "wait",
+    "worker_client",
 ]

@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
 
-from apportion import config
+from apportion import cluster_ops, config
 from apportion.aio import background, new_event_loop
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
 from apportion.dask_default import on_client_created
 from apportion.dask_default import restore as restore_dask_default
-from apportion.errors import SchedulerConnectionError
+from apportion.default_client import remember as remember_client
+from apportion.errors import CancelledError, SchedulerConnectionError
 from apportion.futures import Future, FutureState
 from apportion.logs import line_count, recent_lines, show_task_output
 from apportion.progress import progress
@@ -34,6 +35,7 @@ from apportion.protocol.rpc import ConnectionPool
 from apportion.reconnect import reconnect
 from apportion.reprs import dashboard_link, summary_html
 from apportion.resources import format_resources, validate
+from apportion.restrictions import worker_restriction
 from apportion.serialize import (
     FunctionPickleCache,
     dumps_args,
@@ -41,6 +43,7 @@ from apportion.serialize import (
     loads_value,
     tokenize,
 )
+from apportion.worker.context import current_task_key
 
 logger = logging.getLogger("apportion.client")
 
@@ -80,9 +83,23 @@ class _LoopThread:
 class Client:
     """Connect to a scheduler: ``Client("tcp://host:8786")`` or ``Client(cluster)``."""
 
+    def __new__(cls, *args: Any, asynchronous: bool = False, **kwargs: Any) -> Client:
+        if asynchronous and not cls.asynchronous:  # Client(..., asynchronous=True)
+            from apportion.async_client import AsyncClient
+
+            return object.__new__(AsyncClient)
+        return object.__new__(cls)
+
     def __init__(
-        self, address: Any = None, *, token: str | None = None, timeout: float = 10.0
+        self,
+        address: Any = None,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        asynchronous: bool = False,
     ) -> None:
+        """``asynchronous=True``: an ``AsyncClient`` for use inside a running event loop
+        (``await Client(..., asynchronous=True)``; see apportion/async_client.py)."""
         if address is None:
             address = os.environ.get("APPORTION_SCHEDULER_ADDRESS")
             if not address:
@@ -115,6 +132,11 @@ class Client:
         self._lost: str | None = None
         self._warned: set[tuple] = set()
         self._io = _LoopThread()
+        if self.asynchronous:  # connected when awaited, without blocking the caller's loop
+            self._connecting = asyncio.run_coroutine_threadsafe(
+                self._connect(timeout), self._io.loop
+            )
+            return
         try:
             self.id = self._io.run(self._connect(timeout), timeout + 5)
         except BaseException:
@@ -122,6 +144,7 @@ class Client:
             self._io.stop()
             raise
         on_client_created(self)
+        remember_client(self)
 
     async def _connect(self, timeout: float) -> str:
         self._comm, welcome = await connect(
@@ -157,10 +180,14 @@ class Client:
         retries: int | None = None,
         priority: int | None = None,
         resources: dict[str, float] | None = None,
+        workers: str | Iterable[str] | None = None,
+        allow_other_workers: bool = False,
         **kwargs: Any,
     ) -> Future:
-        """Run ``func(*args, **kwargs)`` on a worker with ``resources`` free."""
-        options = self._options(resources, retries, priority)
+        """Run ``func(*args, **kwargs)`` on a worker with ``resources`` free; with
+        ``workers`` (names or addresses) only on one of those, or preferring them when
+        ``allow_other_workers``."""
+        options = self._options(resources, retries, priority, workers, allow_other_workers)
         spec, future = self._prepare(func, args, kwargs, key, pure, options, limit=self._limit())
         if spec is not None:
             self._enqueue([spec])
@@ -175,10 +202,12 @@ class Client:
         retries: int | None = None,
         priority: int | None = None,
         resources: dict[str, float] | None = None,
+        workers: str | Iterable[str] | None = None,
+        allow_other_workers: bool = False,
         **kwargs: Any,
     ) -> list[Future]:
         """Submit ``func`` over zipped iterables; one future per element."""
-        options = self._options(resources, retries, priority)
+        options = self._options(resources, retries, priority, workers, allow_other_workers)
         rows = list(zip(*iterables, strict=False))
         keys: list[str | None]
         if isinstance(key, list):
@@ -206,7 +235,14 @@ class Client:
         self._enqueue(specs)
         return futures
 
-    def _options(self, resources: Any, retries: Any, priority: Any) -> dict[str, Any]:
+    def _options(
+        self,
+        resources: Any,
+        retries: Any,
+        priority: Any,
+        workers: Any = None,
+        allow_other_workers: Any = False,
+    ) -> dict[str, Any]:
         annotations = current_annotations()
         resources = annotations.get("resources") if resources is None else resources
         retries = annotations.get("retries", 0) if retries is None else retries
@@ -215,7 +251,10 @@ class Client:
             raise ValueError(f"retries must be a whole number >= 0, got {retries!r}")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an integer, got {priority!r}")
-        return {"resources": validate(resources), "retries": retries, "priority": priority}
+        options = {"resources": validate(resources), "retries": retries, "priority": priority}
+        if workers is not None:
+            options.update(worker_restriction(workers, allow_other_workers))
+        return options
 
     def _prepare(
         self,
@@ -238,7 +277,15 @@ class Client:
             if pure:
                 # The demand is part of a pure key: the same call placed differently is
                 # another task.
-                demand = repr(sorted(options["resources"].items())).encode()
+                demand = repr(
+                    (
+                        sorted(options["resources"].items()),
+                        options["workers"],
+                        options.get("allow_other_workers", False),
+                    )
+                    if "workers" in options
+                    else sorted(options["resources"].items())
+                ).encode()
                 token = tokenize(func_bytes, args_bytes, demand)
             else:
                 token = f"{self._key_prefix}{next(self._key_counter):012x}"
@@ -290,12 +337,15 @@ class Client:
         connection splits a batch of messages into frames, never one message)."""
         if not specs:
             return
+        # Submitted by a task (get_client() on a worker): the scheduler knows its parent.
+        parent = current_task_key()
+        extra = {} if parent is None else {"parent": parent}
         budget = self._limit() // 2
         if _submission_bytes(specs) <= budget:  # the usual case, measured at C speed
-            self._post({"op": "submit", "tasks": specs})
+            self._post({"op": "submit", "tasks": specs, **extra})
             return
         for batch in split_submission(specs, budget):
-            self._post({"op": "submit", "tasks": batch})
+            self._post({"op": "submit", "tasks": batch, **extra})
 
     def _post(self, message: Message) -> None:
         """Queue a message for the scheduler from any thread; flushed once per loop tick."""
@@ -522,6 +572,30 @@ class Client:
         self._comm.send({**message, "id": request_id})
         return await reply
 
+    # ------------------------------------------ more of Dask's API (apportion/cluster_ops.py)
+    def set_resources(self, worker: str, resources: dict[str, float]) -> dict[str, float]:
+        """Give a worker (name or address) new resource totals at runtime: new placements
+        follow them; runs under way keep what they hold."""
+        return cluster_ops.set_resources(self, worker, resources)
+
+    def run_on_scheduler(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``func(*args, **kwargs)`` in the scheduler process; see cluster_ops."""
+        return cluster_ops.run_on_scheduler(self, func, *args, **kwargs)
+
+    def upload_file(self, filename: str) -> dict[str, str]:
+        """Make a local .py/.zip/.egg/.whl file importable on every worker, now and later."""
+        return cluster_ops.upload_file(self, filename)
+
+    def restart(self, timeout: float = 60.0) -> Client:
+        """Forget every task (their futures, in every client, raise CancelledError) and
+        restart every worker, returning once they are all back."""
+        cluster_ops.restart(self, timeout)
+        return self
+
+    def get_task_stream(self, start: float | None = None) -> list[dict[str, Any]]:
+        """The runs that ended since ``start`` (wall clock), oldest first."""
+        return cluster_ops.get_task_stream(self, start)
+
     # ------------------------------------------------- Dask collections (apportion[dask])
     # Dask accepts a client object as ``scheduler=`` when it is not asynchronous.
     asynchronous = False
@@ -584,7 +658,8 @@ class Client:
                 state.fail(message["exception"], message.get("traceback") or "")
         elif op == "task-cancelled":
             if state is not None:
-                state.cancel()
+                reason = message.get("reason")
+                state.cancel(CancelledError(f"task {state.key!r}: {reason}") if reason else None)
         elif op == "task-lost":
             if state is not None:
                 state.lose()
@@ -595,7 +670,15 @@ class Client:
             self._warn_no_worker(message)
         elif op == "task-output":
             show_task_output(message)
-        elif op in ("info-reply", "run-reply", "retire-reply", "logs-reply", "replicate-reply"):
+        elif op in (
+            "info-reply",
+            "run-reply",
+            "retire-reply",
+            "logs-reply",
+            "replicate-reply",
+            "coord-reply",
+            "reply",
+        ):
             reply = self._requests.pop(message["id"], None)
             if reply is not None and not reply.done():
                 reply.set_result(message)
@@ -746,6 +829,11 @@ def _submission_bytes(specs: list[Message]) -> int:
         + len(specs) * _SPEC_OVERHEAD
     )
 
+
+# Answers to requests (see _request_async), by their op.
+_REPLIES = frozenset(
+    {"info-reply", "run-reply", "retire-reply", "logs-reply", "coord-reply", "reply"}
+)
 
 _FUNC, _ARGS, _KEY, _DEPS = map(itemgetter, ("func", "args", "key", "deps"))
 

@@ -17,6 +17,8 @@ __all__ = [
     "KilledWorkerError",
     "NoValidWorkerError",
     "RemoteTraceback",
+    "Reschedule",
+    "ResourceDeadlockError",
     "SchedulerConnectionError",
     "StartupError",
     "TimeoutError",
@@ -44,6 +46,25 @@ class NoValidWorkerError(ApportionError, RuntimeError):
 
 class KilledWorkerError(ApportionError, RuntimeError):
     """A task was running on too many workers that died; it is probably what kills them."""
+
+
+class ResourceDeadlockError(ApportionError, RuntimeError):
+    """A subtask could only ever run on resources that the tasks waiting for it hold.
+
+    ``key`` is the subtask, ``holders`` the keys of the waiting tasks holding them.
+    """
+
+    def __init__(self, message: str, key: str = "", holders: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.holders = list(holders or [])
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.key, self.holders))
+
+
+class Reschedule(ApportionError):
+    """Raised by a task to be placed again (its run ends, its resources are released)."""
 
 
 class SchedulerConnectionError(ApportionError, ConnectionError):

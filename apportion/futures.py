@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from apportion.errors import CancelledError, TimeoutError
@@ -198,6 +199,12 @@ class Future:
         """Call ``fn(future)`` once done (on the client's I/O thread: keep it short)."""
         self._state.add_callback(lambda: fn(self))
 
+    def __await__(self) -> Generator[Any, None, Any]:
+        """``await future``: its result, without blocking the running event loop."""
+        from apportion.async_client import result_of
+
+        return result_of(self).__await__()
+
     def _wait(self, timeout: float | None) -> None:
         if not self._state.wait(timeout):
             raise TimeoutError(f"task {self.key!r} not done after {timeout}s")
@@ -273,13 +280,20 @@ class as_completed(Iterator[Any]):
         self.with_results = with_results
         self.timeout = timeout
         self._lock = threading.Lock()
+        self._wake: Callable[[], None] | None = None
         for future in futures:
             self.add(future)
 
     def add(self, future: Future) -> None:
         with self._lock:
             self._pending += 1
-        future._state.add_callback(lambda: self._queue.put(future))
+        future._state.add_callback(lambda: self._done(future))
+
+    def _done(self, future: Future) -> None:
+        self._queue.put(future)
+        wake = self._wake  # an ``async for`` waiting in its loop
+        if wake is not None:
+            wake()
 
     def __next__(self) -> Any:
         with self._lock:
@@ -294,6 +308,38 @@ class as_completed(Iterator[Any]):
 
     def __iter__(self) -> as_completed:
         return self
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._async_iter()
+
+    async def _async_iter(self) -> AsyncIterator[Any]:
+        """``async for``: the same order, waiting in the running loop instead of a thread."""
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(ready.set)
+
+        self._wake = wake
+        try:
+            while True:
+                with self._lock:
+                    if self._pending == 0:
+                        return
+                try:
+                    future = self._queue.get_nowait()
+                except queue.Empty:
+                    ready.clear()
+                    if self._queue.empty():
+                        await asyncio.wait_for(ready.wait(), self.timeout)
+                    continue
+                with self._lock:
+                    self._pending -= 1
+                yield (future, await future) if self.with_results else future
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no future finished within {self.timeout}s") from None
+        finally:
+            self._wake = None
 
     def count(self) -> int:
         with self._lock:

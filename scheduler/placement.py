@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from apportion.scheduler.restrictions import RestrictedShape, explain_restricted, is_restricted
+
 from apportion.resources import Shape, fits, format_resources
 
 if TYPE_CHECKING:
@@ -109,6 +111,8 @@ def explain_no_worker(shape: Shape, workers: Iterable[WorkerState], waiting: boo
     """Say why no live worker could ever run a demand, naming the largest offers (and,
     while ``waiting``, that the task waits for one)."""
     workers = list(workers)
+    if isinstance(shape, RestrictedShape) and not shape.loose:
+        return explain_restricted(shape, workers, waiting)
     demand = format_resources(dict(shape))
     if not workers:
         if not waiting:
@@ -244,8 +248,13 @@ class ReadyQueues:
         # The queues of the shapes ws could ever run, cached per version of the queues and
         # size of its fitting shapes (which only grow).
         if ws.menu_version != self.version or ws.menu_size != len(fitting):
-            # Every worker fits the empty demand (also when not in its fitting shapes).
-            ws.menu = [(s, q) for s, q in self.by_shape.items() if not s or s in fitting]
+            # Every worker fits the empty demand (also when not in its fitting shapes), but
+            # not an empty demand restricted to some workers.
+            ws.menu = [
+                (s, q)
+                for s, q in self.by_shape.items()
+                if s in fitting or (not s and not is_restricted(s))
+            ]
             ws.menu_version, ws.menu_size = self.version, len(fitting)
         for shape, queue in ws.menu:
             if shape and not fits(shape, free):

@@ -13,13 +13,17 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from apportion.scheduler.client_ops import client_ops
+from apportion.scheduler.coordination import Coordination
 from apportion.scheduler.recovery import parse_report
 from apportion.scheduler.replication import replicate
+from apportion.scheduler.secession import RUN_ENDS, Secession, secession_handlers
 from apportion.scheduler.state import SchedulerState
 from apportion.scheduler.validation import (
     check_key,
     check_keys,
     check_lines,
+    check_parent,
     check_retire,
     check_run_id,
     check_submit,
@@ -58,6 +62,11 @@ class Scheduler:
         self.token = token
         self.http_port = http_port
         self.state = SchedulerState()
+        self.secession = Secession(self.state)
+        self.coordination = Coordination(self.state.send)
+        self.client_ops = client_ops(self)
+        # client.upload_file: a run message per file, for workers that join later.
+        self.uploads: dict[str, Message] = {}
         self.listener = Listener(self._serve, token, roles=("client", "worker"))
         self.comms: dict[str, Comm] = {}
         self.address = ""
@@ -168,6 +177,8 @@ class Scheduler:
                 comm.close(str(exc))
                 return
         self.comms[address] = comm
+        for upload in self.uploads.values():  # before any task: what tasks may import
+            comm.send(upload)
         self.state.add_worker(
             address, name, nthreads, resources, hello.get("memory_limit"), info, report
         )
@@ -181,6 +192,7 @@ class Scheduler:
             "data-acquired": self.state.handle_data_acquired,
             "acquire-failed": self.state.handle_acquire_failed,
             "run-result": self._on_run_result,
+            **secession_handlers(self.secession),
         }
         reason = "connection closed"
         expected = False
@@ -205,6 +217,8 @@ class Scheduler:
                     check_key(message)
                 elif op != "run-result":
                     check_run_id(message)
+                    if op in RUN_ENDS and (self.secession.runs or self.secession.rejoined):
+                        self.secession.run_ended(address, message["run_id"])
                 handler(address, message)
             self._flush()
 
@@ -223,6 +237,7 @@ class Scheduler:
                 reason, expected = f"stopped on purpose ({reason})", True
             self.comms.pop(address, None)
             comm.close(reason)
+            self.secession.worker_lost(address)
             self.state.remove_worker(address, reason, expected)
             for run in list(self._runs.values()):
                 self._on_run_result(address, {"id": run.run_id, "lost": True}, run)
@@ -256,20 +271,25 @@ class Scheduler:
             self.comms.pop(client, None)
             self._close_when_retired = {r for r in self._close_when_retired if r[0] != client}
             comm.close()
+            self.coordination.client_left(client)
             self.state.remove_client(client)
             self._flush()
 
     def _on_client_message(self, client: str, comm: Comm, message: Message) -> None:
         op = message["op"]
         if op == "submit":
-            self.state.handle_submit(client, check_submit(message), bool(message.get("recover")))
+            tasks = check_submit(message)
+            self.state.handle_submit(client, tasks, bool(message.get("recover")))
+            if "parent" in message:  # submitted by a task (secession.py)
+                self.secession.spawned(check_parent(message), [t["key"] for t in tasks])
         elif op == "release":
             if message.get("recover"):  # lineage only, after a restart
                 self.state.release_after_recovery(client, check_keys(message))
             else:
                 self.state.handle_release(client, check_keys(message))
         elif op == "cancel":
-            self.state.handle_cancel(client, check_keys(message))
+            keys = check_keys(message)
+            self.state.handle_cancel(client, keys + self.secession.descendants(keys))
         elif op == "info":
             reply: dict[str, Any] = self.state.info()
             reply.update(address=self.address, id=message["id"], op="info-reply")
@@ -293,6 +313,8 @@ class Scheduler:
         elif op == "expect-leave":
             self._planned_leaves.add(str(message["name"]))
             comm.send({"op": "expect-leave-reply", "id": message["id"]})
+        elif op in self.client_ops:  # client_ops.py: resources, uploads, coordination...
+            self.client_ops[op](client, comm, message)
         elif op == "logs":
             lines = recent_lines(check_lines(message.get("n")))
             comm.send({"op": "logs-reply", "id": message["id"], "lines": lines})
@@ -343,14 +365,16 @@ class Scheduler:
 
     # ------------------------------------------------------ client.run broadcast
     def _start_broadcast(self, client: str, message: Message) -> None:
+        self.broadcast(client, message["id"], {"func": message["func"], "args": message["args"]})
+
+    def broadcast(self, client: str, reply_id: Any, fields: Message, op: str = "run") -> None:
+        """Send ``op`` to every worker; the client gets ``run-reply`` with their answers."""
         run = _BroadcastRun(
-            next(self._run_ids), client, message["id"], set(self.comms) & set(self.state.workers)
+            next(self._run_ids), client, reply_id, set(self.comms) & set(self.state.workers)
         )
         self._runs[run.run_id] = run
         for address in run.waiting:
-            self.comms[address].send(
-                {"op": "run", "id": run.run_id, "func": message["func"], "args": message["args"]}
-            )
+            self.comms[address].send({"op": op, "id": run.run_id, **fields})
         self._maybe_finish_run(run)
 
     def _on_run_result(self, address: str, message: Message, run: Any = None) -> None:

@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from apportion.scheduler.adjustments import Adjustments
 from apportion.scheduler.adoption import AdoptionMixin
 from apportion.scheduler.events import EventLog
 from apportion.scheduler.model import (
@@ -35,6 +36,12 @@ from apportion.scheduler.placement import (
     pick_worker,
 )
 from apportion.scheduler.recovery import WorkerReport
+from apportion.scheduler.restrictions import (
+    describe,
+    placeable,
+    preferred_worker,
+    restrict,
+)
 from apportion.scheduler.retirement import bytes_held, in_service_first
 
 from apportion import config
@@ -48,6 +55,12 @@ Message = dict[str, Any]
 
 
 class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
+    # Seceded runs and resources changed at runtime: None (this class default) until
+    # either happens, then the instance's own (see adjustments.py). Not set in __init__:
+    # instances here have 29 attributes, and a 30th costs CPython's fast attribute access
+    # (every placement ~6% more instructions).
+    adjusted: Adjustments | None = None
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.tasks: dict[str, TaskState] = {}
@@ -177,6 +190,10 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 shape = shapes.setdefault(shape, shape)
             else:
                 shape = EMPTY_SHAPE
+            workers = spec.get("workers")
+            if workers:  # part of the demand (see restrictions.py)
+                shape = restrict(shape, workers, bool(spec.get("allow_other_workers")))
+                shape = shapes.setdefault(shape, shape)
             priority = spec.get("priority")
             if priority:
                 priority = urgent = int(priority)
@@ -293,7 +310,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         self.with_slots[ws] = None
         self._no_reservation.clear()
         for shape, fitting in self.fitting.items():
-            if fits(shape, ws.total):
+            if placeable(shape, ws):
                 fitting.add(ws)
                 ws.fitting_shapes.add(shape)
         if report is not None:
@@ -562,7 +579,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         if fitting is None:
             fitting = self.fitting[ts.shape] = set()
             for worker in self.workers.values():
-                if fits(ts.shape, worker.total):
+                if placeable(ts.shape, worker):
                     fitting.add(worker)
                     worker.fitting_shapes.add(ts.shape)
         if not fitting:
@@ -575,9 +592,12 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         # No worker has a free slot: nothing can start now (the common case under load).
         ws = None
         if self.with_slots:
-            ws = pick_worker(
-                ts, fitting, self.with_slots, reversed(self.idle), 1 / self._max_threads
-            )
+            if type(ts.shape) is not tuple:  # preferring some workers (restrictions.py)
+                ws = preferred_worker(ts, fitting)
+            if ws is None:
+                ws = pick_worker(
+                    ts, fitting, self.with_slots, reversed(self.idle), 1 / self._max_threads
+                )
         if ws is None and ts.priority > self._least_priority:
             ws = self._outranked_worker(ts, fitting)
         if ws is None:
@@ -669,12 +689,18 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if ws.slots > 0 and ws.address in self.workers:
                 self.idle[ws] = None
         used, free, total = ws.used, ws.free, ws.total
-        for name, amount in ts.shape:
-            left = used[name] - amount
-            # Float sums of fractional demands drift; snap to the exact totals.
-            used[name] = left = 0 if -1e-9 < left < 1e-9 else left
-            free[name] = total[name] - left
+        adjusted = self.adjusted
+        if adjusted is not None and run_id in adjusted.unheld_runs:
+            adjusted.unheld_runs.discard(run_id)  # gave its resources back when it seceded
+        else:
+            for name, amount in ts.shape:
+                left = used[name] - amount
+                # Float sums of fractional demands drift; snap to the exact totals.
+                used[name] = left = 0 if -1e-9 < left < 1e-9 else left
+                free[name] = total[name] - left
         if ws.address in self.workers:
+            if adjusted is not None and adjusted.reacquire is not None:
+                adjusted.reacquire(ws)  # seceded runs asking for theirs back go first
             if ws.reserved_for is not None:
                 self._serve(ws)
             if len(ws.processing) < ws.slots:
@@ -937,28 +963,30 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             "clients": len(self.clients),
             "no_worker": [
                 {
-                    "resources": dict(shape),
+                    **describe(shape),
                     "tasks": len(tasks),
                     "why": explain_no_worker(shape, self.workers.values()),
                 }
                 for shape, tasks in self.no_worker.items()
             ],
-            "queued": [
-                {"resources": dict(shape), "tasks": n} for shape, n in self.ready.counts().items()
-            ],
+            "queued": [{**describe(shape), "tasks": n} for shape, n in self.ready.counts().items()],
         }
 
     def check_invariants(self) -> list[str]:
         """Problems with resource accounting (empty when all is well); used by the tests."""
         problems = []
+        unheld = self.adjusted.unheld_runs if self.adjusted is not None else set()
+        shrunk = self.adjusted.shrunk if self.adjusted is not None else set()
         for ws in self.workers.values():
             expected: dict[str, float] = dict.fromkeys(ws.total, 0)
-            for ts in ws.processing.values():
+            for run_id, ts in ws.processing.items():
+                if run_id in unheld:
+                    continue
                 for name, amount in ts.shape:
                     expected[name] = expected.get(name, 0) + amount
             for name, total in ws.total.items():
                 used = ws.used.get(name, 0)
-                if used > total + 1e-9:
+                if used > total + 1e-9 and ws not in shrunk:
                     problems.append(f"{ws.name}: {name} used {used} > total {total}")
                 if abs(used - expected.get(name, 0)) > 1e-9:
                     problems.append(

@@ -11,7 +11,19 @@ from typing import Any
 from apportion.protocol import Message, ProtocolError
 from apportion.resources import validate
 
-_TASK_FIELDS = frozenset({"key", "func", "args", "deps", "resources", "priority", "retries"})
+_TASK_FIELDS = frozenset(
+    {
+        "key",
+        "func",
+        "args",
+        "deps",
+        "resources",
+        "priority",
+        "retries",
+        "workers",
+        "allow_other_workers",
+    }
+)
 
 
 def _expect(condition: bool, problem: str) -> None:
@@ -84,6 +96,12 @@ def _task_problem(task: Any, seen: set[str]) -> str | None:
     retries = task.get("retries", 0)
     if not _is_int(retries) or retries < 0:
         return f"task {key!r}: 'retries' must be an int >= 0"
+    if "workers" in task:
+        workers = task["workers"]
+        if not isinstance(workers, list) or not all(type(w) is str for w in workers):
+            return f"task {key!r}: 'workers' must be a list of worker names or addresses"
+        if type(task.get("allow_other_workers", False)) is not bool:
+            return f"task {key!r}: 'allow_other_workers' must be true or false"
     return None
 
 
@@ -110,3 +128,10 @@ def check_retire(message: Message) -> tuple[list[str], int | None]:
         f"'retire' needs 'count' to be an int >= 0 (or absent for all named), got {count!r}",
     )
     return names, count
+
+
+def check_parent(message: Message) -> str:
+    """The key of the task whose client submitted a batch (``parent``)."""
+    parent: Any = message.get("parent")
+    _expect(isinstance(parent, str) and parent != "", "'parent' must be a task key")
+    return parent

@@ -39,3 +39,10 @@ def get_worker() -> WorkerInfo:
 
 def set_current(info: WorkerInfo | None) -> None:
     _local.worker = info
+
+
+def current_task_key() -> str | None:
+    """The key of the task this thread runs (None outside tasks): the parent of what its
+    client submits (see scheduler/secession.py)."""
+    info = getattr(_local, "worker", None)
+    return None if info is None or info.task is None else info.task.key

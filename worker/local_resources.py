@@ -53,8 +53,29 @@ class LocalResources:
             left = self.used[name] - amount
             self.used[name] = 0 if abs(left) < 1e-9 else left
         for name, granted in units.items():
-            self._free_units[name].extend(granted)
-            self._free_units[name].sort()
+            pool = self._free_units.get(name)
+            if pool is None:
+                continue  # no longer counted in units (set_resources)
+            pool.extend(granted)
+            pool.sort()
+            if pool[-1] >= self.total[name]:  # out of service since (set_resources)
+                pool[:] = [i for i in pool if i < self.total[name]]
+
+    def resize(self, total: Resources) -> None:
+        """New totals (``client.set_resources``); runs keep what they hold. Unit indices
+        at or above a new count go out of service (given back, they are not reused)."""
+        for name in set(self.total) | set(total):
+            amount = total.get(name, 0)
+            pool = self._free_units.get(name)
+            if pool is not None or name not in self.total:
+                taken = set(range(int(self.total.get(name, 0)))) - set(pool or ())
+                if float(amount).is_integer() and amount <= MAX_UNITS:
+                    self._free_units[name] = [i for i in range(int(amount)) if i not in taken]
+                else:
+                    self._free_units.pop(name, None)
+            self.total[name] = amount
+            self.used.setdefault(name, 0)
+            self.peak.setdefault(name, 0)
 
     def free(self) -> Resources:
         return {name: self.total[name] - self.used[name] for name in self.total}

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from apportion.worker import output
+from apportion.worker import output, secession, uploads
 from apportion.worker.context import TaskInfo, WorkerInfo, set_current
 from apportion.worker.state import (
     Execute,
@@ -33,6 +33,7 @@ from tornado.ioloop import PeriodicCallback
 
 from apportion import config
 from apportion.aio import background
+from apportion.errors import Reschedule
 from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
 from apportion.protocol.comm import format_address, parse_address
@@ -45,6 +46,7 @@ from apportion.serialize import (
     loads_args,
     loads_value,
 )
+from apportion.worker_client import close_clients
 
 logger = logging.getLogger("apportion.worker")
 
@@ -203,6 +205,7 @@ class Worker:
             return
         if self._heartbeat is not None:
             self._heartbeat.stop()
+        await asyncio.get_running_loop().run_in_executor(None, close_clients)
         if self.scheduler is not None and not self.scheduler.closed:
             try:
                 await self.scheduler.write([{"op": "goodbye", "reason": reason}])
@@ -221,6 +224,22 @@ class Worker:
                 tasks = list(self.state.tasks.values())
             self.scheduler.send({"op": "heartbeat", **output.units_held(tasks)})
             output.send_running_output(tasks, self.scheduler.send)
+
+    def add_task_thread(self) -> None:
+        """One more task thread (a task seceded: its thread left the pool)."""
+        thread = threading.Thread(
+            target=self._task_thread, name=f"apportion-task-{len(self._threads)}", daemon=True
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    def _loop_call(self, callback: Any, *args: Any) -> None:
+        """Run ``callback(*args)`` on the event loop (from a task thread)."""
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            pass  # the loop is closed: the worker is gone
 
     def _send(self, message: Message) -> None:
         if self.scheduler is not None and not self.scheduler.closed:
@@ -273,6 +292,22 @@ class Worker:
             elif op == "acquire-data":
                 with self._lock:
                     instructions = self.state.acquire(message["key"], message["who_has"])
+            elif op == "restart":  # client.restart(): exit to be started afresh by the nanny
+                self.failure = "restarting, as asked (client.restart())"
+                background(self.close("restarting"))
+                continue
+            elif op == "upload-file":  # before the tasks sent after it (worker/uploads.py)
+                self._send(uploads.reply_to(message))
+                continue
+            elif op == "set-resources":  # client.set_resources: new totals from now on
+                self.resources = validate(message["resources"], what="capacity")
+                with self._lock:
+                    self.state.resources = dict(self.resources)
+                    self.state.ledger.resize(self.resources)
+                    instructions = self.state._start()
+            elif op == "reacquired":  # a seceded run's resources are its own again
+                with self._lock:
+                    instructions = secession.reacquired(self.state, message["run_id"])
             elif op == "run":
                 background(self._on_run(message))
                 continue
@@ -298,6 +333,8 @@ class Worker:
         for instruction in instructions:
             if isinstance(instruction, Execute):
                 self._jobs.put(instruction.task)
+            elif isinstance(instruction, secession.Resume):
+                instruction.rejoin.event.set()
             elif isinstance(instruction, Send):
                 self._send(instruction.message)
             elif isinstance(instruction, Fetch):
@@ -364,13 +401,21 @@ class Worker:
             with self._lock:
                 starts = self.state.free_run(task)
             task = None
+            others = [start for start in starts if not isinstance(start, Execute)]
+            if others:  # seceded runs resuming (worker/secession.py)
+                self._loop_call(self._carry_out, others)
+            extra = secession.left_pool()  # this thread seceded: another took its place
             for start in starts:
-                assert isinstance(start, Execute)
-                if task is None:
+                if not isinstance(start, Execute):
+                    continue
+                if task is None and not extra:
                     task = start.task  # this thread runs it next
                 else:
                     self._jobs.put(start.task)
-            del starts
+            del starts, others
+            if extra:
+                secession.mark_left_pool(False)
+                return
             if task is None:
                 task = self._jobs.get()
 
@@ -411,6 +456,7 @@ class Worker:
         """Runs in a task thread: returns (ok, value, pickled value or exception, traceback)."""
         context = TaskInfo(task.key, dict(task.shape), task.units)
         task.start = output.begin(task)
+        secession.set_running(self, task)
         try:
             value = self._call(task.func, task.args, context)
             payload = dumps_value(value)
@@ -421,10 +467,13 @@ class Worker:
                     "pieces (split the work) or raise comm.max-frame-bytes everywhere"
                 )
             return True, value, payload, ""
+        except Reschedule as exc:  # placed again: reported as given back (worker/state.py)
+            return False, exc, b"", ""
         except BaseException as exc:
             data, text = dumps_exception(exc)
             return False, None, data, text
         finally:
+            secession.set_running(None, None)
             task.output = output.end()
             task.stop = time.time()
 

@@ -29,6 +29,7 @@ from typing import Any, Literal, NamedTuple
 from apportion.worker.local_resources import LocalResources
 from apportion.worker.output import Capture, add_run_report
 
+from apportion.errors import Reschedule
 from apportion.resources import Shape, format_resources, to_shape
 from apportion.serialize import dumps_exception
 
@@ -155,6 +156,8 @@ class WorkerState:
         # Keys the scheduler freed while a task here still needed them: gone when it ends.
         self.doomed: set[str] = set()
         self.fetching: dict[str, _Fetching] = {}
+        # Seceded runs (worker/secession.py's Books), once one secedes.
+        self.secession: Any = None
 
     # ------------------------------------------------------------ scheduler events
     def compute(self, message: Message) -> list[Instruction]:
@@ -327,6 +330,8 @@ class WorkerState:
         if task.status == "cancelled":
             return [Send({"op": "task-released", "key": task.key, "run_id": task.run_id})]
         if not ok:
+            if isinstance(value, Reschedule):  # the task asked to be placed again
+                return [Send({"op": "task-released", "key": task.key, "run_id": task.run_id})]
             return [Send(erred_message(task, payload, traceback))]
         # Stored before the scheduler hears of it: a peer may ask for it at once.
         self.data[task.key] = value
@@ -339,8 +344,11 @@ class WorkerState:
 
     def free_run(self, task: WorkerTask) -> list[Instruction]:
         """Give back a reported run's thread and resources; start what can start now."""
-        self.running -= 1
-        self.ledger.release(task.shape, task.units)
+        counted, held = (True, True) if self.secession is None else self.secession.run_over(task)
+        if counted:
+            self.running -= 1
+        if held:
+            self.ledger.release(task.shape, task.units)
         self._unneed(task)
         return self._start()
 
@@ -359,6 +367,8 @@ class WorkerState:
     def _start(self) -> list[Instruction]:
         """Start the most urgent ready tasks that fit, while threads are free."""
         started: list[Instruction] = []
+        if self.secession is not None and self.secession.rejoining:
+            started.extend(self.secession.resume(self))  # seceded runs come first
         ready, ledger = self.ready, self.ledger
         while ready and self.running < self.nthreads:
             best: WorkerTask | None = None
@@ -401,15 +411,20 @@ class WorkerState:
     def check_invariants(self) -> list[str]:
         """Problems with the books (empty when all is well); used by the tests."""
         problems = []
-        running = [t for t in self.tasks.values() if t.status == "running"]
+        seceded = self.secession.seceded if self.secession is not None else set()
+        unheld = self.secession.unheld if self.secession is not None else set()
+        running = [
+            t for t in self.tasks.values() if t.status == "running" and t.run_id not in seceded
+        ]
         holding: dict[str, float] = dict.fromkeys(self.resources, 0)
         if len(running) > self.running:
             problems.append(f"{len(running)} running tasks > running count {self.running}")
         if self.running > self.nthreads:
             problems.append(f"{self.running} runs > {self.nthreads} threads")
-        for task in running:
-            for name, amount in task.shape:
-                holding[name] += amount
+        for task in self.tasks.values():
+            if task.status == "running" and task.run_id not in unheld:
+                for name, amount in task.shape:
+                    holding[name] += amount
         for name, total in self.resources.items():
             used = self.ledger.used.get(name, 0)
             if used > total + 1e-9:

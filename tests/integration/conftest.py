@@ -37,11 +37,17 @@ def client(seed_cluster: LocalCluster) -> Iterator[Client]:
 def idle_client(client: Client) -> Iterator[Client]:
     """The seed cluster's client; checks afterwards that accounting is back to zero."""
     yield client
+    assert_back_to_idle(client)
+
+
+def assert_back_to_idle(client: Client, runs_too: bool = False) -> None:
+    """Wait until every worker's used resources are back to zero (and, with ``runs_too``,
+    it runs nothing), then check the scheduler's accounting."""
     from tests.conftest import wait_until
 
     wait_until(
         lambda: all(
-            not any(w["used_resources"].values())
+            not any(w["used_resources"].values()) and (not runs_too or w["processing"] == 0)
             for w in client.scheduler_info()["workers"].values()
         ),
         timeout=30,

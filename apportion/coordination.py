@@ -1,0 +1,204 @@
+"""Coordination primitives on the scheduler: ``Variable``, ``Queue``, ``Event``, ``Lock``,
+``Semaphore`` (as in dask.distributed; the scheduler's side is scheduler/coordination.py).
+
+Objects of the same name, made by any client or task, share one state on the scheduler.
+Values are pickled (anything a task may return; futures are not shared this way). A
+waiting call with a ``timeout`` gives up after it: ``Queue.get`` and ``Variable.get`` then
+raise ``TimeoutError``; ``Event.wait``, ``Lock.acquire`` and ``Semaphore.acquire`` return
+False. Leases (locks, semaphores) belong to the client that took them and are released if
+it disconnects.
+
+A Semaphore and a resource are different limits (see the README's "Coming from Dask"):
+``resources={"license": 1}`` is counted per worker by the scheduler *before* a task
+starts, so no thread waits; ``Semaphore(4, "license")`` is cluster-wide and taken by code
+that is already running (inside a task it holds that task's thread and resources while it
+waits, unless the task secedes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from apportion.default_client import default_client
+from apportion.errors import ApportionError
+from apportion.serialize import dumps_value, loads_value
+
+if TYPE_CHECKING:
+    from apportion.client import Client
+
+Message = dict[str, Any]
+
+
+class CoordinationError(ApportionError, ValueError):
+    """The scheduler refused a coordination request (the message says why)."""
+
+
+async def _ask(client: Client, message: Message, timeout: float | None) -> Message:
+    """Send one request; after ``timeout`` tell the scheduler to stop waiting, and take its
+    answer to the request (a grant made meanwhile still counts)."""
+    loop = asyncio.get_running_loop()
+    request_id = next(client._request_ids)
+    reply: asyncio.Future[Message] = loop.create_future()
+    client._requests[request_id] = reply
+    client._flush()
+    client._comm.send({**message, "op": "coord", "id": request_id})
+    try:
+        return await asyncio.wait_for(asyncio.shield(reply), timeout)
+    except asyncio.TimeoutError:
+        cancel_id = next(client._request_ids)
+        client._requests[cancel_id] = loop.create_future()
+        client._comm.send(
+            {"op": "coord", "action": "cancel", "wait_id": request_id, "id": cancel_id}
+        )
+        return await reply
+
+
+class _Primitive:
+    kind = ""
+
+    def __init__(self, name: str | None = None, client: Client | None = None) -> None:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name must be a non-empty string, got {name!r}")
+        self.name = name or f"{self.kind}-{uuid.uuid4().hex}"
+        self.client = client if client is not None else default_client()
+
+    def _call(self, action: str, timeout: float | None = None, **fields: Any) -> Message:
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
+        message = {"action": action, "name": self.name, **fields}
+        client = self.client
+        client._check_open()
+        reply: Message = client._io.run(_ask(client, message, timeout))
+        if "error" in reply:
+            raise CoordinationError(reply["error"])
+        return reply
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self.name}>"
+
+    def __reduce__(self) -> Any:
+        # Passed to a task, it names the same state there (with the worker's client).
+        return (type(self)._rebuild, (self.name, self._state()))
+
+    def _state(self) -> Any:
+        return None
+
+    @classmethod
+    def _rebuild(cls, name: str, state: Any) -> Any:
+        return cls(name=name)
+
+
+class Variable(_Primitive):
+    """A named value: ``set`` by one, ``get`` by any (``get`` waits until it is set)."""
+
+    kind = "variable"
+
+    def set(self, value: Any) -> None:
+        self._call("variable-set", value=dumps_value(value))
+
+    def get(self, timeout: float | None = None) -> Any:
+        reply = self._call("variable-get", timeout)
+        if not reply["ok"]:
+            raise TimeoutError(f"variable {self.name!r} not set within {timeout}s")
+        return loads_value(reply["value"])
+
+    def delete(self) -> None:
+        self._call("variable-delete")
+
+
+class Queue(_Primitive):
+    """A named first-in first-out queue shared by clients and tasks."""
+
+    kind = "queue"
+
+    def put(self, value: Any, timeout: float | None = None) -> None:
+        self._call("queue-put", value=dumps_value(value))
+
+    def get(self, timeout: float | None = None, batch: bool = False) -> Any:
+        """The next item (waiting for one), or with ``batch`` every item there now."""
+        reply = self._call("queue-get", None if batch else timeout, batch=batch)
+        if not reply["ok"]:
+            raise TimeoutError(f"queue {self.name!r} stayed empty for {timeout}s")
+        if batch:
+            return [loads_value(v) for v in reply["values"]]
+        return loads_value(reply["value"])
+
+    def qsize(self) -> int:
+        return int(self._call("queue-size")["size"])
+
+
+class Event(_Primitive):
+    """A named flag: ``wait`` until some client or task ``set``s it."""
+
+    kind = "event"
+
+    def set(self) -> None:
+        self._call("event-set")
+
+    def clear(self) -> None:
+        self._call("event-clear")
+
+    def is_set(self) -> bool:
+        return bool(self._call("event-is-set")["value"])
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return bool(self._call("event-wait", timeout).get("value", False))
+
+
+class Semaphore(_Primitive):
+    """At most ``max_leases`` holders at once, cluster-wide (every user of a name must give
+    the same ``max_leases``)."""
+
+    kind = "semaphore"
+
+    def __init__(
+        self, max_leases: int = 1, name: str | None = None, client: Client | None = None
+    ) -> None:
+        if type(max_leases) is not int or max_leases < 1:
+            raise ValueError(f"max_leases must be a whole number >= 1, got {max_leases!r}")
+        self.max_leases = max_leases
+        super().__init__(name, client)
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take a lease, waiting (up to ``timeout``) while all are taken; False if none."""
+        reply = self._call("lease-acquire", timeout, max_leases=self.max_leases, blocking=blocking)
+        return bool(reply.get("value", False))
+
+    def release(self) -> None:
+        self._call("lease-release", max_leases=self.max_leases)
+
+    def get_value(self) -> int:
+        """How many leases are taken now."""
+        return int(self._call("lease-count", max_leases=self.max_leases)["value"])
+
+    def __enter__(self) -> Semaphore:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _state(self) -> Any:
+        return self.max_leases
+
+    @classmethod
+    def _rebuild(cls, name: str, state: Any) -> Any:
+        return cls(state, name=name)
+
+
+class Lock(Semaphore):
+    """A named mutual-exclusion lock (a semaphore with one lease)."""
+
+    kind = "lock"
+
+    def __init__(self, name: str | None = None, client: Client | None = None) -> None:
+        super().__init__(1, name, client)
+
+    def locked(self) -> bool:
+        return self.get_value() > 0
+
+    @classmethod
+    def _rebuild(cls, name: str, state: Any) -> Any:
+        return cls(name=name)

@@ -1,0 +1,103 @@
+"""Tasks that submit tasks: ``get_client()``, ``worker_client()``, ``secede()``, ``rejoin()``.
+
+Inside a task, ``get_client()`` returns a client of the worker's scheduler (one per worker
+process, shared by its tasks). A task that waits for work it submitted should not sit on a
+thread meanwhile: ``secede()`` gives its thread back to the worker, which runs another task
+in its place, and ``rejoin()`` takes a thread again (waiting for one to come free).
+
+Resources (what differs from Dask on purpose): a seceded task **keeps its resources**
+(its GPU stays its own while it waits), unless it releases them, ``secede(
+release_resources=True)`` or ``worker_client(release_resources=True)``: then they are free
+for other tasks, its own subtasks typically, and ``rejoin()`` waits until they are granted
+back (before any queued task; ``get_worker().task.units`` then names the units it holds
+now, which may be other ones). A subtask that could only ever run on resources its waiting
+ancestors kept fails with ``ResourceDeadlockError`` instead of waiting forever.
+
+>>> def fib(n):
+...     if n < 2:
+...         return n
+...     with worker_client() as client:
+...         a, b = client.submit(fib, n - 1), client.submit(fib, n - 2)
+...         return a.result() + b.result()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from apportion.worker import context, secession
+
+if TYPE_CHECKING:
+    from apportion.client import Client
+
+_clients: dict[str, Client] = {}
+_clients_lock = threading.Lock()
+
+
+def get_client() -> Client:
+    """The client of the scheduler of the worker running this task (made on first use)."""
+    from apportion.client import Client
+
+    worker, _ = secession.running()
+    with _clients_lock:
+        client = _clients.get(worker.scheduler_address)
+        if client is None or client._closed or client._lost:
+            client = Client(worker.scheduler_address, token=worker.token)
+            _clients[worker.scheduler_address] = client
+        return client
+
+
+def close_clients() -> None:
+    """Close the clients tasks made here (the worker process is stopping): what they
+    still wanted is released before the worker leaves."""
+    with _clients_lock:
+        clients = list(_clients.values())
+        _clients.clear()
+    for client in clients:
+        client.close()
+
+
+def secede(release_resources: bool = False) -> None:
+    """Give this task's thread back to the worker (another task may start in its place);
+    with ``release_resources`` its resources too, until ``rejoin()``."""
+    worker, task = secession.running()
+    with worker._lock:
+        instructions = secession.secede(worker.state, task, release_resources)
+    if not instructions:
+        return  # seceded already
+    if not secession.left_pool():
+        secession.mark_left_pool(True)
+        worker.add_task_thread()
+    worker._loop_call(worker._carry_out, instructions)
+
+
+def rejoin() -> None:
+    """Take a thread again (and released resources), waiting until they are free."""
+    worker, task = secession.running()
+    with worker._lock:
+        waiting, instructions = secession.rejoin(worker.state, task)
+    if waiting is None:
+        return  # not seceded
+    units = task.units
+    worker._loop_call(worker._carry_out, instructions)
+    waiting.event.wait()
+    if task.units != units:  # granted again, maybe other unit indices
+        info = context.get_worker()
+        if info.task is not None:
+            granted = dataclasses.replace(info.task, units=dict(task.units))
+            context.set_current(dataclasses.replace(info, task=granted))
+
+
+@contextmanager
+def worker_client(release_resources: bool = False) -> Iterator[Client]:
+    """``get_client()`` for the block, seceded meanwhile (see the module's docstring)."""
+    client = get_client()
+    secede(release_resources=release_resources)
+    try:
+        yield client
+    finally:
+        rejoin()

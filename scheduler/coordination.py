@@ -1,0 +1,250 @@
+"""Coordination primitives kept by the scheduler: Variable, Queue, Event, Lock, Semaphore.
+
+A pure state machine like the scheduler's own: a client's ``coord`` request in, replies
+out through the state's outbox. Values are opaque bytes (pickled by the client). A request
+that must wait (``Queue.get`` on an empty queue, ``Lock.acquire`` on a held lock, ...) is
+parked and answered when it can be, or answered ``{"ok": False}`` when its client gives
+up (``cancel``: the client's own timeout). Every request is answered exactly once, so a
+client never misses a grant made just before it gave up.
+
+Leases (locks and semaphores) belong to the client that took them: when that client
+disconnects they are released, so a crashed holder never blocks the others for good.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+Send = Callable[[str, Message], None]
+
+
+@dataclass
+class _Waiter:
+    client: str
+    request_id: int
+    action: str
+    message: Message
+
+
+@dataclass
+class _Semaphore:
+    max_leases: int
+    # Leases held, per client (a client may hold several).
+    holders: dict[str, int] = field(default_factory=dict)
+    waiting: deque[_Waiter] = field(default_factory=deque)
+
+    def held(self) -> int:
+        return sum(self.holders.values())
+
+
+class CoordinationError(ValueError):
+    """A request that cannot be done (wrong kind of name, bad limit): answered as an error."""
+
+
+class Coordination:
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.variables: dict[str, bytes] = {}
+        self.queues: dict[str, deque[bytes]] = {}
+        self.events: set[str] = set()
+        self.semaphores: dict[str, _Semaphore] = {}
+        # Parked requests by name (variables, queues, events), and by (client, id).
+        self.waiting: dict[tuple[str, str], deque[_Waiter]] = {}
+        self.parked: dict[tuple[str, int], tuple[str, str]] = {}
+
+    # ------------------------------------------------------------------ entry
+    def handle(self, client: str, message: Message) -> None:
+        action = str(message.get("action"))
+        request_id = message["id"]
+        handler = getattr(self, "_on_" + action.replace("-", "_"), None)
+        if handler is None:
+            self._reply(client, request_id, error=f"unknown coordination action {action!r}")
+            return
+        try:
+            handler(_Waiter(client, request_id, action, message))
+        except (CoordinationError, KeyError, TypeError, ValueError) as exc:
+            self._reply(client, request_id, error=str(exc))
+
+    def client_left(self, client: str) -> None:
+        """Drop the client's parked requests and give back its leases."""
+        for key in [k for k in self.parked if k[0] == client]:
+            self._unpark(key)
+        for name, sem in list(self.semaphores.items()):
+            if sem.holders.pop(client, None):
+                self._grant_leases(name, sem)
+            sem.waiting = deque(w for w in sem.waiting if w.client != client)
+
+    # --------------------------------------------------------------- variables
+    def _on_variable_set(self, w: _Waiter) -> None:
+        name = _name(w.message)
+        self.variables[name] = w.message["value"]
+        self._reply(w.client, w.request_id)
+        for waiter in self._take_waiters("variable", name):
+            self._reply(waiter.client, waiter.request_id, value=self.variables[name])
+
+    def _on_variable_get(self, w: _Waiter) -> None:
+        name = _name(w.message)
+        if name in self.variables:
+            self._reply(w.client, w.request_id, value=self.variables[name])
+        else:
+            self._park("variable", name, w)
+
+    def _on_variable_delete(self, w: _Waiter) -> None:
+        self.variables.pop(_name(w.message), None)
+        self._reply(w.client, w.request_id)
+
+    # ------------------------------------------------------------------ queues
+    def _on_queue_put(self, w: _Waiter) -> None:
+        name = _name(w.message)
+        queue = self.queues.setdefault(name, deque())
+        queue.append(w.message["value"])
+        self._reply(w.client, w.request_id)
+        self._serve_queue(name)
+
+    def _on_queue_get(self, w: _Waiter) -> None:
+        name = _name(w.message)
+        queue = self.queues.get(name)
+        if w.message.get("batch"):
+            items = list(queue or ())
+            if queue:
+                queue.clear()
+            self._reply(w.client, w.request_id, values=items)
+        elif queue:
+            self._reply(w.client, w.request_id, value=queue.popleft())
+        else:
+            self._park("queue", name, w)
+
+    def _on_queue_size(self, w: _Waiter) -> None:
+        self._reply(w.client, w.request_id, size=len(self.queues.get(_name(w.message), ())))
+
+    def _serve_queue(self, name: str) -> None:
+        queue = self.queues.get(name)
+        waiters = self.waiting.get(("queue", name))
+        while queue and waiters:
+            waiter = waiters.popleft()
+            del self.parked[(waiter.client, waiter.request_id)]
+            self._reply(waiter.client, waiter.request_id, value=queue.popleft())
+        if waiters is not None and not waiters:
+            del self.waiting[("queue", name)]
+
+    # ------------------------------------------------------------------ events
+    def _on_event_set(self, w: _Waiter) -> None:
+        name = _name(w.message)
+        self.events.add(name)
+        self._reply(w.client, w.request_id)
+        for waiter in self._take_waiters("event", name):
+            self._reply(waiter.client, waiter.request_id, value=True)
+
+    def _on_event_clear(self, w: _Waiter) -> None:
+        self.events.discard(_name(w.message))
+        self._reply(w.client, w.request_id)
+
+    def _on_event_is_set(self, w: _Waiter) -> None:
+        self._reply(w.client, w.request_id, value=_name(w.message) in self.events)
+
+    def _on_event_wait(self, w: _Waiter) -> None:
+        name = _name(w.message)
+        if name in self.events:
+            self._reply(w.client, w.request_id, value=True)
+        else:
+            self._park("event", name, w)
+
+    # ------------------------------------------------------ locks and semaphores
+    def _semaphore(self, message: Message) -> tuple[str, _Semaphore]:
+        name = _name(message)
+        limit = message.get("max_leases", 1)
+        if type(limit) is not int or limit < 1:
+            raise CoordinationError(f"max_leases must be a whole number >= 1, got {limit!r}")
+        sem = self.semaphores.get(name)
+        if sem is None:
+            sem = self.semaphores[name] = _Semaphore(limit)
+        elif sem.max_leases != limit:
+            raise CoordinationError(
+                f"semaphore {name!r} exists with max_leases={sem.max_leases}, not {limit}: "
+                "every user of one name must give the same limit"
+            )
+        return name, sem
+
+    def _on_lease_acquire(self, w: _Waiter) -> None:
+        name, sem = self._semaphore(w.message)
+        if sem.held() < sem.max_leases and not sem.waiting:
+            sem.holders[w.client] = sem.holders.get(w.client, 0) + 1
+            self._reply(w.client, w.request_id, value=True)
+        elif w.message.get("blocking", True):
+            sem.waiting.append(w)
+            self.parked[(w.client, w.request_id)] = ("lease", name)
+        else:
+            self._reply(w.client, w.request_id, value=False)
+
+    def _on_lease_release(self, w: _Waiter) -> None:
+        name, sem = self._semaphore(w.message)
+        if not sem.holders.get(w.client):
+            raise CoordinationError(
+                f"{'lock' if sem.max_leases == 1 else 'semaphore'} {name!r} released by a "
+                "client that does not hold it"
+            )
+        sem.holders[w.client] -= 1
+        if not sem.holders[w.client]:
+            del sem.holders[w.client]
+        self._reply(w.client, w.request_id)
+        self._grant_leases(name, sem)
+
+    def _on_lease_count(self, w: _Waiter) -> None:
+        _, sem = self._semaphore(w.message)
+        self._reply(w.client, w.request_id, value=sem.held())
+
+    def _grant_leases(self, name: str, sem: _Semaphore) -> None:
+        while sem.waiting and sem.held() < sem.max_leases:
+            waiter = sem.waiting.popleft()
+            self.parked.pop((waiter.client, waiter.request_id), None)
+            sem.holders[waiter.client] = sem.holders.get(waiter.client, 0) + 1
+            self._reply(waiter.client, waiter.request_id, value=True)
+
+    # ------------------------------------------------------------------ waiting
+    def _on_cancel(self, w: _Waiter) -> None:
+        """The client stopped waiting for request ``wait_id``: answer it, if still parked."""
+        key = (w.client, int(w.message["wait_id"]))
+        if key in self.parked:
+            self._unpark(key)
+            self._reply(w.client, key[1], ok=False)
+        self._reply(w.client, w.request_id)
+
+    def _park(self, kind: str, name: str, w: _Waiter) -> None:
+        self.waiting.setdefault((kind, name), deque()).append(w)
+        self.parked[(w.client, w.request_id)] = (kind, name)
+
+    def _unpark(self, key: tuple[str, int]) -> None:
+        kind, name = self.parked.pop(key)
+        if kind == "lease":
+            sem = self.semaphores[name]
+            sem.waiting = deque(x for x in sem.waiting if (x.client, x.request_id) != key)
+            return
+        waiters = self.waiting.get((kind, name))
+        if waiters is not None:
+            self.waiting[(kind, name)] = deque(
+                x for x in waiters if (x.client, x.request_id) != key
+            )
+            if not self.waiting[(kind, name)]:
+                del self.waiting[(kind, name)]
+
+    def _take_waiters(self, kind: str, name: str) -> list[_Waiter]:
+        waiters = list(self.waiting.pop((kind, name), ()))
+        for waiter in waiters:
+            del self.parked[(waiter.client, waiter.request_id)]
+        return waiters
+
+    def _reply(self, client: str, request_id: int, ok: bool = True, **fields: Any) -> None:
+        if "error" in fields:
+            ok = False
+        self._send(client, {"op": "coord-reply", "id": request_id, "ok": ok, **fields})
+
+
+def _name(message: Message) -> str:
+    name = message.get("name")
+    if not isinstance(name, str) or not name:
+        raise CoordinationError(f"a coordination name must be a non-empty string, got {name!r}")
+    return name
