@@ -237,6 +237,8 @@ def loads_args(data: Payload, resolve: Callable[[str], Any]) -> tuple[tuple, dic
 
 
 def dumps_value(value: Any) -> Payload:
+    if type(value) in _PLAIN_TYPES:  # holds no buffers (most results of small tasks)
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     out_of_band = _OutOfBand()
     try:
         header = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=out_of_band)

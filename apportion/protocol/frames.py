@@ -53,7 +53,10 @@ def encode_parts(messages: list[Message]) -> list[Buffer]:
         payload = msgpack.packb(messages, use_bin_type=True)
     except TypeError:  # a Pickled value: its buffers go out of band
         return _encode_out_of_band(messages)
-    return [_header(len(payload)) + payload]
+    length = len(payload)
+    if length > MAX_FRAME_LIMIT:
+        raise ProtocolError(f"frame of {length} bytes exceeds the 4 GiB wire limit")
+    return [HEADER.pack(length) + payload]
 
 
 def _header(length: int) -> bytes:
