@@ -66,7 +66,7 @@ def format_address(host: str, port: int, scheme: str | None = None) -> str:
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-class Comm(asyncio.Protocol):
+class Comm(asyncio.BufferedProtocol):
     """One framed, batched connection. Use from the event-loop thread only, except
     ``send_from_thread`` once ``allow_thread_writes`` was called.
 
@@ -149,15 +149,33 @@ class Comm(asyncio.Protocol):
         if drained is not None and not drained.done():
             drained.set_result(None)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        # The socket writes into the reader's buffers: a large frame straight into its
+        # own (out-of-band buffers are then views of it: one copy from kernel to value).
+        return self._reader.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self._error is not None:
             return  # the stream already failed: nothing after that is read
-        reader = self._reader
         try:
-            reader.feed(data)
+            self._reader.buffer_updated(nbytes)
         except ProtocolError as exc:
             self._fail(exc)
             return
+        self._after_read()
+
+    def data_received(self, data: bytes) -> None:
+        if self._error is not None:
+            return  # the stream already failed: nothing after that is read
+        try:
+            self._reader.feed(data)
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        self._after_read()
+
+    def _after_read(self) -> None:
+        reader = self._reader
         if reader.frames:
             self._wake()
         if reader.waiting_bytes > READ_BACKLOG_BYTES and not self._paused and self.transport:
