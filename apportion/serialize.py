@@ -236,7 +236,23 @@ def loads_args(data: Payload, resolve: Callable[[str], Any]) -> tuple[tuple, dic
     return _ArgsUnpickler(io.BytesIO(data), resolve, []).load()
 
 
-def dumps_value(value: Any) -> Payload:
+def dumps_value(value: Any) -> bytes:
+    """Pickle a value into one bytes object (buffers in band: for small values, errors,
+    and what is hashed)."""
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        try:
+            return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise SerializationError(
+                f"cannot serialize value of type {type(value).__name__}: {exc}"
+            ) from exc
+
+
+def dumps_data(value: Any) -> Payload:
+    """Pickle a value that is sent on (a result): large buffers out of band, as views of
+    the value's own memory."""
     if type(value) in _PLAIN_TYPES:  # holds no buffers (most results of small tasks)
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     out_of_band = _OutOfBand()
@@ -261,12 +277,12 @@ def loads_value(data: Payload) -> Any:
     return pickle.loads(data)
 
 
-def dumps_exception(exc: BaseException) -> tuple[Payload, str]:
+def dumps_exception(exc: BaseException) -> tuple[bytes, str]:
     """Pickle an exception raised by a task, with its traceback text for the client."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         data = dumps_value(exc)
-        loads_value(data)  # some exceptions pickle but cannot be rebuilt
+        pickle.loads(data)  # some exceptions pickle but cannot be rebuilt
     except Exception:
         data = dumps_value(RuntimeError(f"{type(exc).__name__}: {exc}"))
     return data, text

@@ -287,7 +287,9 @@ class ReadyQueues:
                 best, best_queue = ts, queue
         if emptied:
             self._drop_empty()
-        if best_queue is None or (before is not None and not outranks(best, before)):
+        if best is None or best_queue is None:
+            return None
+        if before is not None and not outranks(best, before):
             return None
         best_queue.top.popleft()
         return best

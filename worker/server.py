@@ -40,6 +40,8 @@ from apportion.protocol.rpc import ConnectionPool
 from apportion.resources import format_resources, validate
 from apportion.serialize import (
     FunctionLoadCache,
+    Payload,
+    dumps_data,
     dumps_exception,
     dumps_value,
     loads_args,
@@ -49,7 +51,7 @@ from apportion.serialize import (
 logger = logging.getLogger("apportion.worker")
 
 # What a task thread hands back: (ok, value, pickled value or exception, traceback).
-Outcome = tuple[bool, Any, bytes, str]
+Outcome = tuple[bool, Any, Payload, str]
 
 
 class Worker:
@@ -389,7 +391,7 @@ class Worker:
         task.start = output.begin(task)
         try:
             value = self._call(task.func, task.args, context)
-            payload = dumps_value(value)
+            payload = dumps_data(value)
             if len(payload) > self.max_result_bytes:
                 raise ValueError(
                     f"the result of task {task.key!r} is {len(payload):,} bytes, more than "
@@ -483,7 +485,7 @@ class Worker:
         return {
             "op": "data",
             "id": request.get("id"),
-            "data": {key: dumps_value(value) for key, value in values.items()},
+            "data": {key: dumps_data(value) for key, value in values.items()},
         }
 
 

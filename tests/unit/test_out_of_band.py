@@ -12,7 +12,7 @@ from apportion.serialize import (
     OUT_OF_BAND_MIN_BYTES,
     Pickled,
     dumps_args,
-    dumps_value,
+    dumps_data,
     loads_args,
     loads_value,
     tokenize,
@@ -35,7 +35,7 @@ def received(parts: list) -> bytearray:
 
 def test_a_large_array_is_pickled_without_copying_its_data() -> None:
     array = np.arange(1_000_000, dtype="f8")
-    pickled = dumps_value(array)
+    pickled = dumps_data(array)
     assert isinstance(pickled, Pickled)
     (buffer,) = pickled.buffers
     assert np.shares_memory(np.frombuffer(buffer, dtype="f8"), array)
@@ -45,14 +45,14 @@ def test_a_large_array_is_pickled_without_copying_its_data() -> None:
 
 def test_small_values_stay_plain_bytes() -> None:
     small = np.arange(OUT_OF_BAND_MIN_BYTES // 8 - 1, dtype="f8")
-    assert isinstance(dumps_value(small), bytes)
-    assert isinstance(dumps_value({"a": [1, 2, 3]}), bytes)
+    assert isinstance(dumps_data(small), bytes)
+    assert isinstance(dumps_data({"a": [1, 2, 3]}), bytes)
     assert isinstance(dumps_args((1, "x"), {}, Dep)[0], bytes)
 
 
 def test_a_frame_writes_the_buffers_from_where_they_are() -> None:
     array = np.arange(1_000_000, dtype="f8")
-    parts = encode_parts([{"op": "data", "data": {"k": dumps_value(array)}, "small": b"s"}])
+    parts = encode_parts([{"op": "data", "data": {"k": dumps_data(array)}, "small": b"s"}])
     assert len(parts) == 2
     assert np.shares_memory(np.frombuffer(parts[1], dtype="f8"), array)
     assert sum(memoryview(p).nbytes for p in parts) < array.nbytes + 1000
@@ -61,7 +61,7 @@ def test_a_frame_writes_the_buffers_from_where_they_are() -> None:
 
 def test_received_values_are_views_of_the_frame_and_writable() -> None:
     array = np.arange(1_000_000, dtype="f8")
-    payload = received(encode_parts([{"op": "data", "data": {"k": dumps_value(array)}}]))
+    payload = received(encode_parts([{"op": "data", "data": {"k": dumps_data(array)}}]))
     (message,) = decode(payload)
     value = loads_value(message["data"]["k"])
     np.testing.assert_array_equal(value, array)
@@ -73,7 +73,7 @@ def test_received_values_are_views_of_the_frame_and_writable() -> None:
 def test_a_small_frame_with_out_of_band_buffers_gives_writable_copies() -> None:
     # A frame below the reader's large-frame size is cut from read-only bytes.
     array = np.arange(OUT_OF_BAND_MIN_BYTES // 8, dtype="f8")
-    frame = encode([{"op": "data", "value": dumps_value(array)}])
+    frame = encode([{"op": "data", "value": dumps_data(array)}])
     (message,) = decode(memoryview(frame)[HEADER_BYTES:])
     value = loads_value(message["value"])
     value[0] = 5
@@ -93,8 +93,8 @@ def test_arguments_with_large_arrays_and_futures_round_trip() -> None:
 
 
 def test_tokens_of_equal_pickles_are_equal() -> None:
-    assert tokenize(dumps_value(np.ones(100_000))) == tokenize(dumps_value(np.ones(100_000)))
-    assert tokenize(dumps_value(np.ones(100_000))) != tokenize(dumps_value(np.zeros(100_000)))
+    assert tokenize(dumps_data(np.ones(100_000))) == tokenize(dumps_data(np.ones(100_000)))
+    assert tokenize(dumps_data(np.ones(100_000))) != tokenize(dumps_data(np.zeros(100_000)))
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_tokens_of_equal_pickles_are_equal() -> None:
 )
 def test_a_malformed_out_of_band_frame_is_a_protocol_error(tamper) -> None:  # type: ignore[no-untyped-def]
     frame = b"".join(
-        bytes(p) for p in encode_parts([{"op": "data", "value": dumps_value(np.ones(10_000))}])
+        bytes(p) for p in encode_parts([{"op": "data", "value": dumps_data(np.ones(10_000))}])
     )
     with pytest.raises(ProtocolError, match="not valid msgpack"):
         decode(tamper(frame[HEADER_BYTES:]))
