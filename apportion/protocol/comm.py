@@ -155,20 +155,17 @@ class Comm(asyncio.BufferedProtocol):
         return self._reader.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._error is not None:
-            return  # the stream already failed: nothing after that is read
-        try:
-            self._reader.buffer_updated(nbytes)
-        except ProtocolError as exc:
-            self._fail(exc)
-            return
-        self._after_read()
+        self._take(self._reader.buffer_updated, nbytes)
 
     def data_received(self, data: bytes) -> None:
+        self._take(self._reader.feed, data)
+
+    def _take(self, step: Callable[[Any], None], arrived: Any) -> None:
+        """Hand what arrived to the reader (``step``), then wake who waits for frames."""
         if self._error is not None:
             return  # the stream already failed: nothing after that is read
         try:
-            self._reader.feed(data)
+            step(arrived)
         except ProtocolError as exc:
             self._fail(exc)
             return

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from apportion import Client, LocalCluster, config
-from tests.integration.test_tls import _write_pki
+from tests.integration.test_tls import tls_settings
 
 TWO_WORKERS = [{"name": "a", "resources": {"A": 1}}, {"name": "b", "resources": {"B": 1}}]
 N = 3_000_000  # 24 MB of float64
@@ -43,12 +43,7 @@ def test_large_arrays_move_between_workers_the_client_and_back(client: Client) -
 
 
 def test_large_arrays_move_over_tls(tmp_path: Path) -> None:
-    pki = _write_pki(tmp_path)
-    tls = {
-        "comm.tls.ca-file": pki["ca"],
-        "comm.tls.cert-file": pki["cert"],
-        "comm.tls.key-file": pki["key"],
-    }
+    tls = tls_settings(tmp_path)
     with config.set(tls), LocalCluster(workers=TWO_WORKERS) as cluster, Client(cluster) as client:
         assert cluster.scheduler_address.startswith("tls://")
         check_large_data(client)

@@ -75,14 +75,18 @@ def _write_pki(directory: Path) -> dict[str, str]:
     return {name: str(path) for name, path in paths.items()}
 
 
-def test_cluster_runs_entirely_over_mutual_tls(tmp_path: Path) -> None:
-    pki = _write_pki(tmp_path)
-    tls = {
+def tls_settings(directory: Path) -> dict[str, str]:
+    """Settings for mutual TLS with a fresh CA and certificate written to ``directory``."""
+    pki = _write_pki(directory)
+    return {
         "comm.tls.ca-file": pki["ca"],
         "comm.tls.cert-file": pki["cert"],
         "comm.tls.key-file": pki["key"],
     }
-    with config.set(tls):
+
+
+def test_cluster_runs_entirely_over_mutual_tls(tmp_path: Path) -> None:
+    with config.set(tls_settings(tmp_path)):
         cluster = LocalCluster(workers=[{"name": "a"}, {"name": "b", "resources": {"GPU": 1}}])
         try:
             assert cluster.scheduler_address.startswith("tls://")
