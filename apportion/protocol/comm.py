@@ -30,7 +30,7 @@ from apportion.protocol.frames import (
     ProtocolError,
     decode,
     encode,
-    encode_parts,
+    encode_frame,
 )
 from apportion.protocol.reader import FrameReader
 
@@ -66,7 +66,7 @@ def format_address(host: str, port: int, scheme: str | None = None) -> str:
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-class Comm(asyncio.BufferedProtocol):
+class Comm(asyncio.Protocol):
     """One framed, batched connection. Use from the event-loop thread only, except
     ``send_from_thread`` once ``allow_thread_writes`` was called.
 
@@ -149,30 +149,15 @@ class Comm(asyncio.BufferedProtocol):
         if drained is not None and not drained.done():
             drained.set_result(None)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        # The socket writes into the reader's buffers: a large frame straight into its
-        # own (out-of-band buffers are then views of it: one copy from kernel to value).
-        return self._reader.get_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self._take(self._reader.buffer_updated, nbytes)
-
     def data_received(self, data: bytes) -> None:
-        self._take(self._reader.feed, data)
-
-    def _take(self, step: Callable[[Any], None], arrived: Any) -> None:
-        """Hand what arrived to the reader (``step``), then wake who waits for frames."""
         if self._error is not None:
             return  # the stream already failed: nothing after that is read
+        reader = self._reader
         try:
-            step(arrived)
+            reader.feed(data)
         except ProtocolError as exc:
             self._fail(exc)
             return
-        self._after_read()
-
-    def _after_read(self) -> None:
-        reader = self._reader
         if reader.frames:
             self._wake()
         if reader.waiting_bytes > READ_BACKLOG_BYTES and not self._paused and self.transport:
@@ -347,16 +332,16 @@ class Comm(asyncio.BufferedProtocol):
         batch, self._queue = self._queue, []
         if batch and not self.closed:
             for frame in self._frames_of(batch):
-                if len(frame) == 1:
-                    self._write(frame[0])
+                if type(frame) is bytes:
+                    self._write(frame)
                 else:
                     self._write_parts(frame)
 
-    def _frames_of(self, batch: list[Message]) -> list[list[Buffer]]:
-        """Encode a batch, halving it until every frame is within the peer's limit; each
-        frame as its parts (see encode_parts)."""
-        frame = encode_parts(batch)
-        size = len(frame[0]) if len(frame) == 1 else sum(memoryview(p).nbytes for p in frame)
+    def _frames_of(self, batch: list[Message]) -> list[bytes | list[Buffer]]:
+        """Encode a batch, halving it until every frame is within the peer's limit (see
+        encode_frame)."""
+        frame = encode_frame(batch)
+        size = len(frame) if type(frame) is bytes else sum(memoryview(p).nbytes for p in frame)
         if size <= self.max_frame or len(batch) == 1:
             return [frame]  # a single oversized message is refused by the peer, loudly
         middle = len(batch) // 2
@@ -383,11 +368,10 @@ class Comm(asyncio.BufferedProtocol):
                 return False
             if transport.get_write_buffer_size():
                 return False
-            frames: list[Buffer] = []
-            for parts in self._frames_of(messages):
-                if len(parts) > 1:
+            frames = self._frames_of(messages)
+            for frame in frames:
+                if type(frame) is not bytes:
                     return False  # out-of-band buffers: the loop writes them without a copy
-                frames.append(parts[0])
             for i, frame in enumerate(frames):
                 try:
                     sent = os.write(fd, frame)

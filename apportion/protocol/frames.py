@@ -8,7 +8,7 @@ A frame whose messages hold ``Pickled`` values with out-of-band buffers has anot
 payload: the byte 0xC1 (never the start of a msgpack value), the 4-byte length of the
 msgpack part, the msgpack part (each ``Pickled`` an ext of type 1: its pickle header and
 the lengths of its buffers), then the buffers themselves, back to back, in the order the
-exts appear. The sender writes them from where they are (``encode_parts``), and the
+exts appear. The sender writes them from where they are (``encode_frame``), and the
 receiver's values are views into the received payload: no copy on either side.
 """
 
@@ -41,14 +41,14 @@ class ProtocolError(ApportionError):
 
 
 def encode(messages: list[Message]) -> bytes:
-    """One frame as one bytes object (for small frames and tests; see encode_parts)."""
-    parts = encode_parts(messages)
-    return parts[0] if len(parts) == 1 else b"".join(parts)  # type: ignore[return-value]
+    """One frame as one bytes object (for small frames and tests; see encode_frame)."""
+    frame = encode_frame(messages)
+    return frame if type(frame) is bytes else b"".join(frame)
 
 
-def encode_parts(messages: list[Message]) -> list[Buffer]:
-    """One frame as the pieces to write one after the other: one bytes object, unless
-    out-of-band buffers follow it (each written from where it is, not copied)."""
+def encode_frame(messages: list[Message]) -> bytes | list[Buffer]:
+    """One frame: a bytes object, or, when out-of-band buffers follow the messages, the
+    pieces to write one after the other (each buffer from where it is, not copied)."""
     try:
         payload = msgpack.packb(messages, use_bin_type=True)
     except TypeError:  # a Pickled value: its buffers go out of band
@@ -56,7 +56,13 @@ def encode_parts(messages: list[Message]) -> list[Buffer]:
     length = len(payload)
     if length > MAX_FRAME_LIMIT:
         raise ProtocolError(f"frame of {length} bytes exceeds the 4 GiB wire limit")
-    return [HEADER.pack(length) + payload]
+    return HEADER.pack(length) + payload
+
+
+def encode_parts(messages: list[Message]) -> list[Buffer]:
+    """One frame as a list of the pieces to write (one piece for a plain frame)."""
+    frame = encode_frame(messages)
+    return [frame] if type(frame) is bytes else frame  # type: ignore[list-item, return-value]
 
 
 def _header(length: int) -> bytes:

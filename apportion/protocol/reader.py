@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import mmap
-import threading
 from collections import deque
 
 from apportion.protocol.frames import HEADER_BYTES, ProtocolError, frame_length
 
-# A frame this large is received into a buffer of its own: an anonymous memory map of the
+# A frame this large is collected in a buffer of its own: an anonymous memory map of the
 # announced length, whose pages the system provides only as bytes are written to them,
-# so memory grows with what arrives, and the socket writes straight into it.
+# so memory grows with what arrives (and the buffer never moves as it grows).
 LARGE_FRAME_BYTES = 256 * 1024
-# What the socket is read into between large frames (then copied out as bytes): one per
-# thread, shared by its connections (an event loop reads one socket at a time, and the
-# bytes are copied out before the next read), so an idle connection costs no buffer.
-READ_CHUNK_BYTES = 256 * 1024
-_chunks = threading.local()
-
-
-def _read_chunk() -> bytearray:
-    chunk: bytearray | None = getattr(_chunks, "buffer", None)
-    if chunk is None:
-        chunk = _chunks.buffer = bytearray(READ_CHUNK_BYTES)
-    return chunk
 
 
 Payload = bytes | bytearray | memoryview
@@ -40,10 +27,6 @@ class FrameReader:
     is checked against ``max_frame``, and a large frame's buffer grows with the bytes that
     actually arrive, not with the length its header announces. A violation raises
     ProtocolError, and the stream is unusable from then on.
-
-    Bytes come in either through ``feed`` (a protocol's data_received) or, without the
-    intermediate bytes object for large frames, through ``get_buffer`` and
-    ``buffer_updated`` (an asyncio BufferedProtocol's).
     """
 
     def __init__(
@@ -63,8 +46,6 @@ class FrameReader:
         self._large: mmap.mmap | None = None  # a large frame being filled
         self._large_length = 0  # what its header announced
         self._filled = 0  # how much of it arrived
-        self._reading_chunk = False  # see get_buffer
-        self._chunk: memoryview | None = None  # a view of this thread's read chunk
 
     @property
     def trusted(self) -> bool:
@@ -81,25 +62,6 @@ class FrameReader:
         whole frames stay to be read."""
         self._partial = bytearray()
         self._large = None
-
-    def get_buffer(self) -> memoryview:
-        """Where the next bytes from the socket go: the rest of the large frame being
-        filled, else a chunk buffer (pass the count to ``buffer_updated``)."""
-        if self._large is not None:
-            self._reading_chunk = False
-            return memoryview(self._large)[self._filled :]
-        self._reading_chunk = True
-        if self._chunk is None:
-            self._chunk = memoryview(_read_chunk())
-        return self._chunk
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self._reading_chunk:
-            assert self._chunk is not None
-            self.feed(self._chunk[:nbytes].tobytes())
-        elif self._large is not None:
-            self._filled += nbytes
-            self._complete_large()
 
     def feed(self, data: bytes) -> None:
         if self._large is not None:
