@@ -332,7 +332,7 @@ class Comm(asyncio.Protocol):
         batch, self._queue = self._queue, []
         if batch and not self.closed:
             for frame in self._frames_of(batch):
-                if type(frame) is bytes:
+                if isinstance(frame, bytes):
                     self._write(frame)
                 else:
                     self._write_parts(frame)
@@ -341,7 +341,7 @@ class Comm(asyncio.Protocol):
         """Encode a batch, halving it until every frame is within the peer's limit (see
         encode_frame)."""
         frame = encode_frame(batch)
-        size = len(frame) if type(frame) is bytes else sum(memoryview(p).nbytes for p in frame)
+        size = len(frame) if isinstance(frame, bytes) else sum(memoryview(p).nbytes for p in frame)
         if size <= self.max_frame or len(batch) == 1:
             return [frame]  # a single oversized message is refused by the peer, loudly
         middle = len(batch) // 2
@@ -368,10 +368,11 @@ class Comm(asyncio.Protocol):
                 return False
             if transport.get_write_buffer_size():
                 return False
-            frames = self._frames_of(messages)
-            for frame in frames:
-                if type(frame) is not bytes:
+            frames: list[bytes] = []
+            for frame in self._frames_of(messages):
+                if not isinstance(frame, bytes):
                     return False  # out-of-band buffers: the loop writes them without a copy
+                frames.append(frame)
             for i, frame in enumerate(frames):
                 try:
                     sent = os.write(fd, frame)

@@ -43,7 +43,7 @@ class ProtocolError(ApportionError):
 def encode(messages: list[Message]) -> bytes:
     """One frame as one bytes object (for small frames and tests; see encode_frame)."""
     frame = encode_frame(messages)
-    return frame if type(frame) is bytes else b"".join(frame)
+    return frame if isinstance(frame, bytes) else b"".join(frame)
 
 
 def encode_frame(messages: list[Message]) -> bytes | list[Buffer]:
@@ -62,7 +62,7 @@ def encode_frame(messages: list[Message]) -> bytes | list[Buffer]:
 def encode_parts(messages: list[Message]) -> list[Buffer]:
     """One frame as a list of the pieces to write (one piece for a plain frame)."""
     frame = encode_frame(messages)
-    return [frame] if type(frame) is bytes else frame  # type: ignore[list-item, return-value]
+    return [frame] if isinstance(frame, bytes) else frame
 
 
 def _header(length: int) -> bytes:
