@@ -108,7 +108,7 @@ def submit_tasks(
                 f"comm.max-frame-bytes allows ({limit:,}): build the collection from data "
                 "the workers load (or from client.scatter futures) instead of embedding it"
             )
-        chunk_spec = {"key": chunk_key, "func": load, "args": data}
+        chunk_spec: dict[str, Any] = {"key": chunk_key, "func": load, "args": data}
         if held:
             chunk_spec["deps"] = held
         specs.append(chunk_spec)

@@ -4,6 +4,11 @@ Functions travel with cloudpickle. Arguments are pickled with futures replaced
 by *persistent ids* (their keys): the client learns the dependencies of a task
 for free, wherever the futures hide (lists, dicts, objects), and the worker
 substitutes each key by the dependency's value while unpickling.
+
+Values and arguments holding large buffers (numpy arrays, bytearrays, PickleBuffer)
+are pickled with protocol 5 *out of band*: the pickle keeps only a small header, and the
+buffers themselves travel as they are (see ``Pickled`` and the frames of
+``apportion.protocol.frames``), never copied into one bytes object.
 """
 
 from __future__ import annotations
@@ -21,6 +26,74 @@ from apportion.errors import RemoteTraceback
 
 _DEP_TAG = "apportion-dep"
 _FUNCTION_CACHE_SIZE = 4096
+# Buffers smaller than this stay inside the pickle: a frame of their own costs more than
+# copying them.
+OUT_OF_BAND_MIN_BYTES = 64 * 1024
+
+
+class Pickled:
+    """A pickle whose large buffers are kept apart (protocol 5, out of band): ``header``
+    is the pickle stream, ``buffers`` the contiguous byte views it refers to, in order.
+
+    Made by ``dumps_value``/``dumps_args`` when a value holds large buffers (the views
+    then point into the value itself: nothing is copied), and by the wire protocol on
+    receipt (the views then point into the received frame). ``len()`` is the whole size.
+    """
+
+    __slots__ = ("buffers", "header", "nbytes")
+
+    def __init__(self, header: bytes, buffers: list[memoryview]) -> None:
+        self.header = header
+        self.buffers = buffers
+        self.nbytes = len(header) + sum(b.nbytes for b in buffers)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def parts(self) -> list[bytes | memoryview]:
+        return [self.header, *self.buffers]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Pickled):
+            return NotImplemented
+        return self.header == other.header and self.buffers == other.buffers
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<Pickled {self.nbytes} bytes, {len(self.buffers)} out-of-band buffers>"
+
+
+# What a pickled function, argument tuple or value is: plain bytes, or a Pickled.
+Payload = bytes | Pickled
+
+
+class _OutOfBand:
+    """A pickler's ``buffer_callback``: keeps large contiguous buffers apart."""
+
+    __slots__ = ("buffers",)
+
+    def __init__(self) -> None:
+        self.buffers: list[memoryview] = []
+
+    def __call__(self, buffer: pickle.PickleBuffer) -> bool:
+        try:
+            view = buffer.raw()
+        except BufferError:  # not contiguous: in band
+            return True
+        if view.nbytes < OUT_OF_BAND_MIN_BYTES:
+            return True
+        self.buffers.append(view)
+        return False
+
+    def result(self, header: bytes) -> Payload:
+        return Pickled(header, self.buffers) if self.buffers else header
+
+
+def _writable_buffers(buffers: list[memoryview]) -> list[memoryview]:
+    """Read-only views (a small frame cut from what the socket delivered) are copied, so
+    that arrays rebuilt from them can be written to, as after an in-band pickle."""
+    return [memoryview(bytearray(b)) if b.readonly else b for b in buffers]
 
 
 class SerializationError(TypeError):
@@ -30,8 +103,12 @@ class SerializationError(TypeError):
 class _DependencyIds:
     """Pickler mix-in: futures become persistent ids (their keys), collected as dependencies."""
 
-    def __init__(self, file: io.BytesIO, dependency_type: type[Any]) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[call-arg]
+    def __init__(
+        self, file: io.BytesIO, dependency_type: type[Any], out_of_band: _OutOfBand
+    ) -> None:
+        super().__init__(  # type: ignore[call-arg]
+            file, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=out_of_band
+        )
         self.dependency_type = dependency_type
         self.dependencies: dict[str, None] = {}
 
@@ -78,8 +155,10 @@ def _plain_kind(values: Any, dependency_type: type) -> int:
 
 
 class _ArgsUnpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, resolve: Callable[[str], Any]) -> None:
-        super().__init__(file)
+    def __init__(
+        self, file: io.BytesIO, resolve: Callable[[str], Any], buffers: list[memoryview]
+    ) -> None:
+        super().__init__(file, buffers=buffers)
         self.resolve = resolve
 
     def persistent_load(self, pid: Any) -> Any:
@@ -126,8 +205,8 @@ class FunctionLoadCache:
         return func
 
 
-def dumps_args(args: tuple, kwargs: dict, dependency_type: type) -> tuple[bytes, list[str]]:
-    """Pickle ``(args, kwargs)``; returns the bytes and the keys of futures inside."""
+def dumps_args(args: tuple, kwargs: dict, dependency_type: type) -> tuple[Payload, list[str]]:
+    """Pickle ``(args, kwargs)``; returns the pickle and the keys of futures inside."""
     # Fast path: arguments of plain types need neither cloudpickle nor its Pickler set-up.
     kind = _plain_kind(args, dependency_type)
     if kind and kwargs:
@@ -135,25 +214,31 @@ def dumps_args(args: tuple, kwargs: dict, dependency_type: type) -> tuple[bytes,
         kind = max(kind, kw_kind) if kw_kind else 0
     if kind == 1:
         return pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL), []
+    out_of_band = _OutOfBand()  # plain types hold no buffers: only needed from here
     if kind == 2:
         plain = io.BytesIO()
-        plain_pickler = _PlainArgsPickler(plain, dependency_type)
+        plain_pickler = _PlainArgsPickler(plain, dependency_type, out_of_band)
         plain_pickler.dump((args, kwargs))
         return plain.getvalue(), list(plain_pickler.dependencies)
     buffer = io.BytesIO()
-    pickler = _ArgsPickler(buffer, dependency_type)
+    pickler = _ArgsPickler(buffer, dependency_type, out_of_band)
     try:
         pickler.dump((args, kwargs))
     except Exception as exc:
         raise SerializationError(f"cannot serialize task arguments: {exc}") from exc
-    return buffer.getvalue(), list(pickler.dependencies)
+    return out_of_band.result(buffer.getvalue()), list(pickler.dependencies)
 
 
-def loads_args(data: bytes, resolve: Callable[[str], Any]) -> tuple[tuple, dict]:
-    return _ArgsUnpickler(io.BytesIO(data), resolve).load()
+def loads_args(data: Payload, resolve: Callable[[str], Any]) -> tuple[tuple, dict]:
+    if isinstance(data, Pickled):
+        buffers = _writable_buffers(data.buffers)
+        return _ArgsUnpickler(io.BytesIO(data.header), resolve, buffers).load()
+    return _ArgsUnpickler(io.BytesIO(data), resolve, []).load()
 
 
 def dumps_value(value: Any) -> bytes:
+    """Pickle a value into one bytes object (buffers in band: for small values, errors,
+    and what is hashed)."""
     try:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
@@ -165,7 +250,30 @@ def dumps_value(value: Any) -> bytes:
             ) from exc
 
 
-def loads_value(data: bytes) -> Any:
+def dumps_data(value: Any) -> Payload:
+    """Pickle a value that is sent on (a result): large buffers out of band, as views of
+    the value's own memory."""
+    if type(value) in _PLAIN_TYPES:  # holds no buffers (most results of small tasks)
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    out_of_band = _OutOfBand()
+    try:
+        header = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=out_of_band)
+    except Exception:
+        out_of_band = _OutOfBand()
+        try:
+            header = cloudpickle.dumps(
+                value, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=out_of_band
+            )
+        except Exception as exc:
+            raise SerializationError(
+                f"cannot serialize value of type {type(value).__name__}: {exc}"
+            ) from exc
+    return out_of_band.result(header)
+
+
+def loads_value(data: Payload) -> Any:
+    if isinstance(data, Pickled):
+        return pickle.loads(data.header, buffers=_writable_buffers(data.buffers))
     return pickle.loads(data)
 
 
@@ -192,8 +300,12 @@ def loads_exception(data: bytes, text: str) -> BaseException:
     return RuntimeError(f"task failed with a non-exception {exc!r}")
 
 
-def tokenize(*parts: bytes) -> str:
+def tokenize(*parts: Payload) -> str:
     digest = hashlib.blake2b(digest_size=16)
     for part in parts:
-        digest.update(part)
+        if isinstance(part, Pickled):
+            for piece in part.parts():
+                digest.update(piece)
+        else:
+            digest.update(part)
     return digest.hexdigest()

@@ -55,8 +55,58 @@ def cpu_loop_s(n: int = 10_000_000) -> float:
     return round(time.perf_counter() - start, 3)
 
 
+def _drain(sock: socket.socket, nbytes: int) -> None:
+    buffer = bytearray(1 << 20)
+    left = nbytes
+    while left:
+        left -= sock.recv_into(buffer, min(left, len(buffer)))
+    sock.sendall(b"x")
+
+
+def loopback_tcp_mb_per_s(nbytes: int = 200_000_000) -> float:
+    """One process sends ``nbytes`` to another over loopback TCP (the data plane's bound)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    pid = os.fork()
+    if pid == 0:  # the receiver
+        try:
+            conn, _ = listener.accept()
+            _drain(conn, nbytes)
+        finally:
+            os._exit(0)
+    try:
+        conn = socket.create_connection(listener.getsockname())
+        chunk = memoryview(bytearray(1 << 22))
+        start = time.perf_counter()
+        sent = 0
+        while sent < nbytes:
+            sent += conn.send(chunk[: min(len(chunk), nbytes - sent)])
+        conn.recv(1)
+        elapsed = time.perf_counter() - start
+        conn.close()
+    finally:
+        listener.close()
+        os.waitpid(pid, 0)
+    return round(nbytes / 1e6 / elapsed, 1)
+
+
+def memcpy_gb_per_s(nbytes: int = 200_000_000) -> float:
+    source = bytearray(nbytes)
+    target = bytearray(nbytes)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        target[:] = source
+        best = min(best, time.perf_counter() - start)
+    return round(nbytes / 1e9 / best, 2)
+
+
 def measure() -> dict[str, object]:
-    return {"round_trip_us": round_trip_us(), "cpu_loop_s": min(cpu_loop_s() for _ in range(3))}
+    return {
+        "round_trip_us": round_trip_us(),
+        "cpu_loop_s": min(cpu_loop_s() for _ in range(3)),
+        "loopback_tcp_mb_per_s": loopback_tcp_mb_per_s(),
+        "memcpy_gb_per_s": memcpy_gb_per_s(),
+    }
 
 
 def describe(floor: dict[str, object] | None) -> str:
@@ -68,4 +118,9 @@ def describe(floor: dict[str, object] | None) -> str:
     return (
         f"Machine floor: a process-to-process round trip takes {trip['p50']:g} µs (p50) / "
         f"{trip['p99']:g} µs (p99); sum(range(10**7)) takes {floor['cpu_loop_s']:g} s."
+    ) + (
+        f" Loopback TCP moves {floor['loopback_tcp_mb_per_s']:g} MB/s between two processes;"
+        f" memcpy {floor['memcpy_gb_per_s']:g} GB/s."
+        if "loopback_tcp_mb_per_s" in floor
+        else ""
     )

@@ -42,6 +42,30 @@ def occupy(seconds: float) -> float:
     return start
 
 
+def make_array(nbytes: int) -> Any:
+    import numpy as np
+
+    return np.ones(nbytes // 8)
+
+
+def array_nbytes(array: Any) -> int:
+    return int(array.nbytes)
+
+
+def array_sum(array: Any) -> float:
+    return float(array.sum())
+
+
+def peak_rss_mb(_: Any = None) -> float:
+    """The peak resident memory of the process running this (MB): VmHWM, which starts
+    afresh with the program (getrusage's maxrss carries the parent's over an exec)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1e3  # kB
+    return float("nan")
+
+
 # ----------------------------------------------------------------------------- sizes
 
 
@@ -58,6 +82,7 @@ class Sizes:
     dask_gpu_chunks: int = 1_000  # the annotated map_blocks' chunks
     dask_partitions: int = 100  # the groupby's partitions (a day of data each)
     stream_seconds: float = 10.0  # how long the GPU=1 stream is submitted for
+    data_mb: tuple[int, ...] = (1, 10, 100, 400)  # the data workload's array sizes
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -72,6 +97,7 @@ class Sizes:
             dask_gpu_chunks=200,
             dask_partitions=20,
             stream_seconds=3.0,
+            data_mb=(1, 10),
         )
 
 
@@ -171,6 +197,49 @@ def stream(session: Session, sizes: Sizes) -> dict[str, float]:
     }
 
 
+def data(session: Session, sizes: Sizes) -> dict[str, float]:
+    """numpy arrays of each size on the seed cluster: made on bigmem, summed on a GPU worker
+    (worker to worker), gathered by the client, and sent by the client as an argument
+    (MB/s; each includes one small task's round trip); then the peak resident memory of
+    the sending worker, the client and a receiving worker (MB, over all sizes)."""
+    import numpy as np
+
+    metrics: dict[str, float] = {}
+    # Untimed: connections between the workers and to the client are opened first.
+    warm = session.submit(make_array, 1_000_000, resources={"MEMORY": 1})
+    session.result(session.submit(array_sum, warm, resources={"GPU": 1}))
+    session.result(session.submit(array_sum, np.ones(100_000), resources={"GPU": 1}))
+    session.result(warm)
+    del warm
+    for mb in sizes.data_mb:
+        nbytes = mb * 1_000_000
+        array = session.submit(make_array, nbytes, resources={"MEMORY": 1})
+        # Made (and only then timed): a task on the same worker reads its size.
+        assert session.result(session.submit(array_nbytes, array, resources={"MEMORY": 1}))
+        start = time.perf_counter()
+        total = session.result(session.submit(array_sum, array, resources={"GPU": 1}))
+        metrics[f"data_{mb}mb_worker_to_worker_mb_per_s"] = mb / (time.perf_counter() - start)
+        start = time.perf_counter()
+        gathered = session.result(array)
+        metrics[f"data_{mb}mb_gather_mb_per_s"] = mb / (time.perf_counter() - start)
+        assert gathered.nbytes == nbytes, "data: wrong answer"
+        del array, gathered  # one payload alive at a time, for the peak memory figures
+        local = np.ones(nbytes // 8)
+        start = time.perf_counter()
+        sent = session.result(session.submit(array_sum, local, resources={"GPU": 1}))
+        metrics[f"data_{mb}mb_submit_mb_per_s"] = mb / (time.perf_counter() - start)
+        assert total == sent == nbytes // 8, "data: wrong answer"
+        del local
+    metrics["data_peak_rss_sender_mb"] = session.result(
+        session.submit(peak_rss_mb, resources={"MEMORY": 1})
+    )
+    metrics["data_peak_rss_receiver_mb"] = session.result(
+        session.submit(peak_rss_mb, resources={"GPU": 1})
+    )
+    metrics["data_peak_rss_client_mb"] = peak_rss_mb()
+    return metrics
+
+
 def chain(session: Session, sizes: Sizes) -> dict[str, float]:
     n = sizes.chain
     start = time.perf_counter()
@@ -216,11 +285,12 @@ HOMOGENEOUS: dict[str, Callable[[Session, Sizes], dict[str, float]]] = {
 # On the seed pipeline's cluster (workers with resources).
 SEED_CLUSTER: dict[str, Callable[[Session, Sizes], dict[str, float]]] = {
     "seed": seed,
+    "data": data,
     "dask_gpu": dask_workloads.dask_gpu,
 }
 # Dask collections: only on systems whose session computes them (see FuturesSession).
 DASK_WORKLOADS = ("dask_array", "dask_gpu", "dask_groupby")
-CLUSTER_WORKLOADS = ("tiny", "seed", "chain", "latency", "stream", *DASK_WORKLOADS)
+CLUSTER_WORKLOADS = ("tiny", "seed", "chain", "latency", "stream", "data", *DASK_WORKLOADS)
 ALL_WORKLOADS = (*CLUSTER_WORKLOADS, "cold_start", "scheduler")
 
 
@@ -246,6 +316,18 @@ METRICS: list[Metric] = [
     Metric("dask_array_reduction_s", "dask array: sum of 10,000 chunks", "s", False, None),
     Metric("dask_gpu_map_blocks_s", "dask array: GPU-annotated map_blocks", "s", False, None),
     Metric("dask_groupby_agg_s", "dask dataframe: groupby().agg()", "s", False, None),
+    *(
+        Metric(f"data_{mb}mb_{what}_mb_per_s", f"{mb} MB array: {label}", "MB/s", True, None)
+        for mb in Sizes().data_mb
+        for what, label in (
+            ("worker_to_worker", "worker to worker"),
+            ("gather", "client gather"),
+            ("submit", "client submit as argument"),
+        )
+    ),
+    Metric("data_peak_rss_sender_mb", "data: peak RSS, sending worker", "MB", False, None),
+    Metric("data_peak_rss_receiver_mb", "data: peak RSS, a receiving worker", "MB", False, None),
+    Metric("data_peak_rss_client_mb", "data: peak RSS, client", "MB", False, None),
     Metric("sched_placements_per_s", "scheduler-only placements", "placements/s", True, 200_000),
     Metric(
         "sched_bytes_per_pending_task", "scheduler-only memory per pending task", "B", False, None

@@ -7,13 +7,15 @@ one (the scheduler offers the most recently idle first), else the least loaded o
 
 Reservations: a task with resources that cannot start anywhere reserves one worker
 (``pick_reservation``); the units of its demand that come free there are held for it
-(they leave ``free``), so smaller demands cannot keep refilling them.
+(they leave ``free``), so smaller demands cannot keep refilling them. Only demands that
+something smaller could starve reserve (``reserving_shapes``).
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -82,6 +84,27 @@ def missing_units(shape: Shape, ws: WorkerState) -> float:
     """How many units of ``shape`` are not free on ``ws`` now (0: it could start there)."""
     free = ws.free
     return sum(amount - free[name] for name, amount in shape if free[name] < amount)
+
+
+def reserving_shapes(shapes: Iterable[Shape]) -> set[Shape]:
+    """The demand shapes whose queued tasks reserve a worker.
+
+    A demand for the smallest amount of one resource alone, among all ``shapes``, is left
+    out: every unit of that resource that comes free fits it, so no smaller demand can
+    keep taking its place (tasks take free units in priority order, then submission).
+    Every other demand with resources could be starved without a reservation.
+    """
+    shapes = list(shapes)
+    smallest: dict[str, float] = {}
+    for shape in shapes:
+        for name, amount in shape:
+            if amount < smallest.get(name, math.inf):
+                smallest[name] = amount
+    return {
+        shape
+        for shape in shapes
+        if shape and not (len(shape) == 1 and shape[0][1] <= smallest[shape[0][0]])
+    }
 
 
 def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerState | None:
@@ -201,6 +224,9 @@ class ReadyQueues:
         # Bumped whenever a shape's queue comes or goes: each worker's menu (the queues of
         # the shapes it fits, see pop_for) is rebuilt when it was made for another version.
         self.version = 0
+        # The shapes whose queued tasks reserve a worker (see reserving_shapes), kept by
+        # the scheduler's state.
+        self.reserving: set[Shape] = set()
 
     def push(self, ts: TaskState) -> None:
         queue = self.by_shape.get(ts.shape)
@@ -214,11 +240,12 @@ class ReadyQueues:
             bisect.insort(lane, ts, key=_seq)
 
     def next_to_reserve(self, ws: WorkerState) -> TaskState | None:
-        """The most urgent queued task with resources, not yet reserved, that ``ws`` fits."""
+        """The most urgent queued task of a reserving shape, not yet reserved, that ``ws``
+        fits."""
         best: TaskState | None = None
-        fitting = ws.fitting_shapes
+        fitting, reserving = ws.fitting_shapes, self.reserving
         for shape, queue in self.by_shape.items():
-            if shape and shape in fitting:
+            if shape in reserving and shape in fitting:
                 ts = queue.first_unreserved()
                 if ts is not None and (best is None or outranks(ts, best)):
                     best = ts
@@ -239,8 +266,9 @@ class ReadyQueues:
         self.version += 1
         return queue.live()
 
-    def pop_for(self, ws: WorkerState) -> TaskState | None:
-        """Remove and return the most urgent queued task ``ws`` can start now."""
+    def pop_for(self, ws: WorkerState, before: TaskState | None = None) -> TaskState | None:
+        """Remove and return the most urgent queued task ``ws`` can start now (only if it
+        outranks ``before``, when given)."""
         best: TaskState | None = None
         best_queue: _ShapeQueue | None = None
         emptied = False
@@ -268,7 +296,9 @@ class ReadyQueues:
                 best, best_queue = ts, queue
         if emptied:
             self._drop_empty()
-        if best_queue is None:
+        if best is None or best_queue is None:
+            return None
+        if before is not None and not outranks(best, before):
             return None
         best_queue.top.popleft()
         return best

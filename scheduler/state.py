@@ -34,6 +34,7 @@ from apportion.scheduler.placement import (
     explain_no_worker,
     pick_reservation,
     pick_worker,
+    reserving_shapes,
 )
 from apportion.scheduler.recovery import WorkerReport
 from apportion.scheduler.restrictions import (
@@ -582,6 +583,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 if placeable(ts.shape, worker):
                     fitting.add(worker)
                     worker.fitting_shapes.add(ts.shape)
+            self._update_reserving()
         if not fitting:
             self._set_state(ts, "no-worker")
             ts.no_worker_since = self.clock()
@@ -603,7 +605,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         if ws is None:
             self._set_state(ts, "queued")
             self.ready.push(ts)
-            if ts.shape:
+            if ts.shape and ts.shape in self.ready.reserving:
                 self._reserve(ts)
         else:
             self._assign(ts, ws)
@@ -702,7 +704,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if adjusted is not None and adjusted.reacquire is not None:
                 adjusted.reacquire(ws)  # seceded runs asking for theirs back go first
             if ws.reserved_for is not None:
-                self._serve(ws)
+                self._serve_outranking(ws)
             if len(ws.processing) < ws.slots:
                 self.with_slots[ws] = None
         return ts
@@ -716,6 +718,38 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
     # reservation; a task that outranks (priority, then submission) a worker's holder
     # takes it over. When the holder leaves the queue (started anywhere, cancelled,
     # released) the worker passes to the most urgent queued task it fits that holds none.
+    #
+    # A demand that nothing smaller can starve (the smallest of one resource alone, see
+    # reserving_shapes) reserves nothing: it takes units as they come free, in queue order.
+    # So that a newer reservation cannot hold such a task back, units coming free on a
+    # reserved worker go first to queued tasks that outrank its holder.
+    def _update_reserving(self) -> None:
+        """Recompute the reserving shapes after a new one appeared; queued tasks of shapes
+        that reserve from now on (a smaller demand of their resource came) reserve now."""
+        before = self.ready.reserving
+        self.ready.reserving = reserving_shapes(self.fitting)
+        for shape in self.ready.reserving - before:
+            queue = self.ready.by_shape.get(shape)
+            for ts in queue.live() if queue is not None else ():
+                if ts.state == "queued" and ts.reserved_on is None:
+                    self._reserve(ts)
+
+    def _serve_outranking(self, ws: WorkerState) -> None:
+        """Serve a reserved worker where a run ended: first the queued tasks that outrank
+        its holder and fit what no run takes (held units included), then the holder."""
+        holder = ws.reserved_for
+        assert holder is not None
+        free, used, total = ws.free, ws.used, ws.total
+        for name in ws.held:
+            free[name] = total[name] - used[name]
+        ws.held = {}
+        while len(ws.processing) < ws.slots:
+            ts = self.ready.pop_for(ws, before=holder)
+            if ts is None:
+                break
+            self._assign(ts, ws)  # holds again what is left for the holder
+        self._serve(ws)
+
     def _reserve(self, ts: TaskState) -> None:
         """Reserve a worker for ``ts``, queued with resources, if one can be had."""
         failed_at = self._no_reservation.get(ts.shape)

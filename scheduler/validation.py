@@ -10,6 +10,7 @@ from typing import Any
 
 from apportion.protocol import Message, ProtocolError
 from apportion.resources import validate
+from apportion.serialize import Pickled
 
 _TASK_FIELDS = frozenset(
     {
@@ -85,8 +86,8 @@ def _task_problem(task: Any, seen: set[str]) -> str | None:
         return f"task {key!r} appears twice in one submission"
     if not isinstance(task.get("func"), bytes):
         return f"task {key!r}: 'func' must be bytes"
-    if not isinstance(task.get("args"), bytes):
-        return f"task {key!r}: 'args' must be bytes"
+    if not isinstance(task.get("args"), (bytes, Pickled)):
+        return f"task {key!r}: 'args' must be bytes or a pickle with out-of-band buffers"
     deps = task.get("deps", [])
     if not isinstance(deps, list) or not all(type(d) is str for d in deps):
         return f"task {key!r}: 'deps' must be a list of keys"

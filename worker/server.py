@@ -41,6 +41,8 @@ from apportion.protocol.rpc import ConnectionPool
 from apportion.resources import format_resources, validate
 from apportion.serialize import (
     FunctionLoadCache,
+    Payload,
+    dumps_data,
     dumps_exception,
     dumps_value,
     loads_args,
@@ -51,7 +53,7 @@ from apportion.worker_client import close_clients
 logger = logging.getLogger("apportion.worker")
 
 # What a task thread hands back: (ok, value, pickled value or exception, traceback).
-Outcome = tuple[bool, Any, bytes, str]
+Outcome = tuple[bool, Any, Payload, str]
 
 
 class Worker:
@@ -459,7 +461,7 @@ class Worker:
         secession.set_running(self, task)
         try:
             value = self._call(task.func, task.args, context)
-            payload = dumps_value(value)
+            payload = dumps_data(value)
             if len(payload) > self.max_result_bytes:
                 raise ValueError(
                     f"the result of task {task.key!r} is {len(payload):,} bytes, more than "
@@ -556,7 +558,7 @@ class Worker:
         return {
             "op": "data",
             "id": request.get("id"),
-            "data": {key: dumps_value(value) for key, value in values.items()},
+            "data": {key: dumps_data(value) for key, value in values.items()},
         }
 
 

@@ -31,7 +31,7 @@ from apportion.worker.output import Capture, add_run_report
 
 from apportion.errors import Reschedule
 from apportion.resources import Shape, format_resources, to_shape
-from apportion.serialize import dumps_exception
+from apportion.serialize import Payload, dumps_exception
 
 Message = dict[str, Any]
 
@@ -310,7 +310,7 @@ class WorkerState:
         task: WorkerTask,
         ok: bool,
         value: Any,
-        payload: bytes,
+        payload: Payload,
         traceback: str = "",
         busy: bool = False,
     ) -> list[Instruction]:
@@ -352,7 +352,7 @@ class WorkerState:
         self._unneed(task)
         return self._start()
 
-    def finished_message(self, task: WorkerTask, payload: bytes) -> Message:
+    def finished_message(self, task: WorkerTask, payload: Payload) -> Message:
         message: Message = {
             "op": "task-finished",
             "key": task.key,
@@ -443,7 +443,7 @@ class WorkerState:
         return problems
 
 
-def erred_message(task: WorkerTask, exception: bytes, traceback: str) -> Message:
+def erred_message(task: WorkerTask, exception: Payload, traceback: str) -> Message:
     message = {
         "op": "task-erred",
         "key": task.key,

@@ -23,7 +23,15 @@ from apportion.aio import background
 from apportion.auth import tokens_match
 from apportion.errors import ApportionError
 from apportion.protocol import tls
-from apportion.protocol.frames import PROTOCOL_VERSION, Message, ProtocolError, decode, encode
+from apportion.protocol.frames import (
+    PROTOCOL_VERSION,
+    Buffer,
+    Message,
+    ProtocolError,
+    decode,
+    encode,
+    encode_frame,
+)
 from apportion.protocol.reader import FrameReader
 
 logger = logging.getLogger("apportion.comm")
@@ -104,7 +112,7 @@ class Comm(asyncio.Protocol):
         # Our own descriptor of the socket for other threads' writes (plain TCP only).
         self._thread_fd: int | None = None
         # Bytes a thread could not send whole; the loop writes them before anything else.
-        self._handoff: list[bytes] = []
+        self._handoff: list[Buffer] = []
 
     # ------------------------------------------------------- asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -324,15 +332,29 @@ class Comm(asyncio.Protocol):
         batch, self._queue = self._queue, []
         if batch and not self.closed:
             for frame in self._frames_of(batch):
-                self._write(frame)
+                if isinstance(frame, bytes):
+                    self._write(frame)
+                else:
+                    self._write_parts(frame)
 
-    def _frames_of(self, batch: list[Message]) -> list[bytes]:
-        """Encode a batch, halving it until every frame is within the peer's limit."""
-        frame = encode(batch)
-        if len(frame) <= self.max_frame or len(batch) == 1:
+    def _frames_of(self, batch: list[Message]) -> list[bytes | list[Buffer]]:
+        """Encode a batch, halving it until every frame is within the peer's limit (see
+        encode_frame)."""
+        frame = encode_frame(batch)
+        size = len(frame) if isinstance(frame, bytes) else sum(memoryview(p).nbytes for p in frame)
+        if size <= self.max_frame or len(batch) == 1:
             return [frame]  # a single oversized message is refused by the peer, loudly
         middle = len(batch) // 2
         return self._frames_of(batch[:middle]) + self._frames_of(batch[middle:])
+
+    def _write_parts(self, parts: list[Buffer]) -> None:
+        """Write a frame of several parts (out-of-band buffers) without joining them: the
+        transport keeps views of what the kernel does not take at once."""
+        with self.write_lock:
+            self._write_locked(parts[0])
+            transport = self.transport
+            if transport is not None and not transport.is_closing() and not self.closed:
+                transport.writelines(parts[1:])
 
     def send_from_thread(self, messages: list[Message]) -> bool:
         """From any thread: write now when the connection is idle, saving the wake-up of
@@ -346,7 +368,11 @@ class Comm(asyncio.Protocol):
                 return False
             if transport.get_write_buffer_size():
                 return False
-            frames = self._frames_of(messages)
+            frames: list[bytes] = []
+            for frame in self._frames_of(messages):
+                if not isinstance(frame, bytes):
+                    return False  # out-of-band buffers: the loop writes them without a copy
+                frames.append(frame)
             for i, frame in enumerate(frames):
                 try:
                     sent = os.write(fd, frame)
@@ -367,11 +393,11 @@ class Comm(asyncio.Protocol):
             if self._handoff and not self.closed:
                 self._write_locked(b"")
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: Buffer) -> None:
         with self.write_lock:
             self._write_locked(data)
 
-    def _write_locked(self, data: bytes) -> None:
+    def _write_locked(self, data: Buffer) -> None:
         if self._handoff:
             data = b"".join([*self._handoff, data])
             self._handoff = []

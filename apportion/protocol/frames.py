@@ -3,6 +3,13 @@
 Layout: 4-byte little-endian payload length, then one msgpack array of maps,
 each map holding at least ``"op"``. Binary payloads (pickled functions, data)
 travel as msgpack ``bin``.
+
+A frame whose messages hold ``Pickled`` values with out-of-band buffers has another
+payload: the byte 0xC1 (never the start of a msgpack value), the 4-byte length of the
+msgpack part, the msgpack part (each ``Pickled`` an ext of type 1: its pickle header and
+the lengths of its buffers), then the buffers themselves, back to back, in the order the
+exts appear. The sender writes them from where they are (``encode_frame``), and the
+receiver's values are views into the received payload: no copy on either side.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from typing import Any
 import msgpack
 
 from apportion.errors import ApportionError
+from apportion.serialize import Pickled
 
 HEADER = struct.Struct("<I")
 HEADER_BYTES = HEADER.size
@@ -21,6 +29,11 @@ MAX_FRAME_LIMIT = (1 << 32) - 1
 PROTOCOL_VERSION = 1
 
 Message = dict[str, Any]
+Buffer = bytes | bytearray | memoryview
+
+OUT_OF_BAND_MARK = 0xC1
+_OUT_OF_BAND_HEAD = struct.Struct("<BI")
+_PICKLED_EXT = 1
 
 
 class ProtocolError(ApportionError):
@@ -28,10 +41,88 @@ class ProtocolError(ApportionError):
 
 
 def encode(messages: list[Message]) -> bytes:
-    payload = msgpack.packb(messages, use_bin_type=True)
-    if len(payload) > MAX_FRAME_LIMIT:
-        raise ProtocolError(f"frame of {len(payload)} bytes exceeds the 4 GiB wire limit")
-    return HEADER.pack(len(payload)) + payload
+    """One frame as one bytes object (for small frames and tests; see encode_frame)."""
+    frame = encode_frame(messages)
+    return frame if isinstance(frame, bytes) else b"".join(frame)
+
+
+def encode_frame(messages: list[Message]) -> bytes | list[Buffer]:
+    """One frame: a bytes object, or, when out-of-band buffers follow the messages, the
+    pieces to write one after the other (each buffer from where it is, not copied)."""
+    try:
+        payload = msgpack.packb(messages, use_bin_type=True)
+    except TypeError:  # a Pickled value: its buffers go out of band
+        return _encode_out_of_band(messages)
+    length = len(payload)
+    if length > MAX_FRAME_LIMIT:
+        raise ProtocolError(f"frame of {length} bytes exceeds the 4 GiB wire limit")
+    return HEADER.pack(length) + payload
+
+
+def encode_parts(messages: list[Message]) -> list[Buffer]:
+    """One frame as a list of the pieces to write (one piece for a plain frame)."""
+    frame = encode_frame(messages)
+    return [frame] if isinstance(frame, bytes) else frame
+
+
+def _header(length: int) -> bytes:
+    if length > MAX_FRAME_LIMIT:
+        raise ProtocolError(f"frame of {length} bytes exceeds the 4 GiB wire limit")
+    return HEADER.pack(length)
+
+
+def _encode_out_of_band(messages: list[Message]) -> list[Buffer]:
+    buffers: list[memoryview] = []
+
+    def pickled_as_ext(value: Any) -> msgpack.ExtType:
+        if not isinstance(value, Pickled):
+            raise TypeError(f"can not serialize {type(value).__name__!r} object")
+        buffers.extend(value.buffers)
+        lengths = [b.nbytes for b in value.buffers]
+        return msgpack.ExtType(_PICKLED_EXT, msgpack.packb([value.header, lengths]))
+
+    packed = msgpack.packb(messages, use_bin_type=True, default=pickled_as_ext)
+    head = _OUT_OF_BAND_HEAD.pack(OUT_OF_BAND_MARK, len(packed))
+    length = len(head) + len(packed) + sum(b.nbytes for b in buffers)
+    return [_header(length) + head + packed, *buffers]
+
+
+def _decode_out_of_band(payload: Buffer) -> Any:
+    """The messages of an out-of-band frame, their Pickled buffers views into payload."""
+    view = memoryview(payload)
+    if len(view) < _OUT_OF_BAND_HEAD.size:
+        raise ValueError("out-of-band frame shorter than its head")
+    _, packed_length = _OUT_OF_BAND_HEAD.unpack(view[: _OUT_OF_BAND_HEAD.size])
+    start = _OUT_OF_BAND_HEAD.size
+    cursor = start + packed_length
+    if cursor > len(view):
+        raise ValueError(f"out-of-band frame announces {packed_length} bytes of messages")
+
+    def pickled_from_ext(code: int, data: bytes) -> Any:
+        nonlocal cursor
+        if code != _PICKLED_EXT:
+            raise ValueError(f"unknown msgpack extension type {code}")
+        header, lengths = msgpack.unpackb(data, raw=False)
+        if not isinstance(header, bytes) or not isinstance(lengths, list):
+            raise ValueError("a pickled value's extension must hold its header and lengths")
+        buffers = []
+        for length in lengths:
+            if not isinstance(length, int) or length < 0 or cursor + length > len(view):
+                raise ValueError("out-of-band buffers run past the end of their frame")
+            buffers.append(view[cursor : cursor + length])
+            cursor += length
+        return Pickled(header, buffers)
+
+    messages = msgpack.unpackb(
+        view[start : start + packed_length],
+        raw=False,
+        strict_map_key=False,
+        use_list=True,
+        ext_hook=pickled_from_ext,
+    )
+    if cursor != len(view):
+        raise ValueError(f"{len(view) - cursor} bytes after the last out-of-band buffer")
+    return messages
 
 
 def frame_length(header: bytes | bytearray | memoryview, limit: int) -> int:
@@ -44,9 +135,12 @@ def frame_length(header: bytes | bytearray | memoryview, limit: int) -> int:
     return length
 
 
-def decode(payload: bytes | bytearray | memoryview) -> list[Message]:
+def decode(payload: Buffer) -> list[Message]:
     try:
-        messages = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
+        if payload and payload[0] == OUT_OF_BAND_MARK:
+            messages = _decode_out_of_band(payload)
+        else:
+            messages = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         raise ProtocolError(f"frame is not valid msgpack: {exc}") from None
     if not isinstance(messages, list):

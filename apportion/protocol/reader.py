@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import mmap
 from collections import deque
 
 from apportion.protocol.frames import HEADER_BYTES, ProtocolError, frame_length
 
-# A frame this large is collected in a buffer of its own, grown as its bytes arrive.
+# A frame this large is collected in a buffer of its own: an anonymous memory map of the
+# announced length, whose pages the system provides only as bytes are written to them,
+# so memory grows with what arrives (and the buffer never moves as it grows).
 LARGE_FRAME_BYTES = 256 * 1024
+
 
 Payload = bytes | bytearray | memoryview
 
@@ -39,8 +43,9 @@ class FrameReader:
         # What the next frame header is checked against.
         self._limit = max_frame if handshake_limit is None else handshake_limit
         self._partial = bytearray()  # the start of a frame not yet whole
-        self._large: bytearray | None = None  # a large frame being filled
+        self._large: mmap.mmap | None = None  # a large frame being filled
         self._large_length = 0  # what its header announced
+        self._filled = 0  # how much of it arrived
 
     @property
     def trusted(self) -> bool:
@@ -92,8 +97,10 @@ class FrameReader:
             end = start + HEADER_BYTES + length
             if end > size:
                 if length >= LARGE_FRAME_BYTES:
-                    self._large = bytearray(view[start + HEADER_BYTES :])
-                    self._large_length = length
+                    arrived = view[start + HEADER_BYTES :]
+                    self._large = mmap.mmap(-1, length)
+                    self._large[: len(arrived)] = arrived
+                    self._large_length, self._filled = length, len(arrived)
                     start = size
                 break
             self._queue(view[start + HEADER_BYTES : end])
@@ -108,9 +115,13 @@ class FrameReader:
         """Append to the large frame being filled; returns the bytes past its end."""
         large = self._large
         assert large is not None
-        take = min(self._large_length - len(large), len(data))
-        large += memoryview(data)[:take]
-        if len(large) == self._large_length:
-            self._large = None
-            self._queue(large)
+        take = min(self._large_length - self._filled, len(data))
+        large[self._filled : self._filled + take] = memoryview(data)[:take]
+        self._filled += take
+        self._complete_large()
         return data[take:]
+
+    def _complete_large(self) -> None:
+        if self._large is not None and self._filled == self._large_length:
+            self._queue(memoryview(self._large))
+            self._large = None

@@ -83,10 +83,13 @@ def _settings(pki: dict[str, str]) -> dict[str, str]:
     }
 
 
+def tls_settings(directory: Path) -> dict[str, str]:
+    """Settings for mutual TLS with a fresh CA and certificate written to ``directory``."""
+    return _settings(_write_pki(directory))
+
+
 def test_cluster_runs_entirely_over_mutual_tls(tmp_path: Path) -> None:
-    pki = _write_pki(tmp_path)
-    tls = _settings(pki)
-    with config.set(tls):
+    with config.set(tls_settings(tmp_path)):
         cluster = LocalCluster(workers=[{"name": "a"}, {"name": "b", "resources": {"GPU": 1}}])
         try:
             assert cluster.scheduler_address.startswith("tls://")

@@ -101,3 +101,20 @@ def test_a_large_frame_buffer_grows_with_what_arrives_not_what_is_announced() ->
     assert peak < 16 * LARGE_FRAME_BYTES, f"peak {peak} bytes for 5 chunks of 256 KiB"
     reader.drop_incomplete()
     assert reader._large is None and not reader.frames
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def test_the_memory_of_a_large_frame_grows_with_what_arrives() -> None:
+    reader = FrameReader(max_frame=1 << 30)
+    start = _rss_bytes()
+    reader.feed(struct.pack("<I", (1 << 30) - 1) + b"x" * LARGE_FRAME_BYTES)
+    for _ in range(4):
+        reader.feed(b"y" * LARGE_FRAME_BYTES)
+    grown = _rss_bytes() - start
+    assert grown < 16 * LARGE_FRAME_BYTES, f"RSS grew {grown} bytes for 1.25 MiB received"
+    reader.drop_incomplete()
+    assert reader._large is None and not reader.frames

@@ -39,8 +39,9 @@ def test_a_large_demand_reserves_a_worker_and_smaller_ones_do_not_take_its_units
     sim.finish("two")
     assert sim.outstanding() == ["big"]
     assert sim.states()["three"] == "queued"
-    # Its reservation ended; "three" (queued) holds the worker next.
-    assert reserved(sim) == {"w": "three"}
+    # Its reservation ended; "three" reserves nothing (no demand is smaller than one
+    # unit: nothing can take its place) and takes the units as they come free.
+    assert reserved(sim) == {}
     sim.finish("big")
     assert sim.outstanding() == ["three"]
     assert reserved(sim) == {}
@@ -62,6 +63,7 @@ def test_the_reserved_task_is_first_for_a_slot_once_its_units_are_held(sim: Sim)
     sim.add_worker("w", {"GPU": 2}, nthreads=1)
     sim.submit("plain")
     sim.submit("big", resources={"GPU": 2})
+    sim.submit("small", resources={"GPU": 1})  # a smaller demand: "big" reserves
     assert reserved(sim) == {"w": "big"}
     assert sim.state.workers["w"].held == {"GPU": 2}
     sim.submit("plain2")
@@ -116,10 +118,10 @@ def test_the_reservation_moves_when_its_worker_leaves(sim: Sim) -> None:
     sim.submit("big", resources={"GPU": 2})
     (first,) = reserved(sim)
     sim.remove_worker(first)
-    # The lost worker's runs are queued again, ahead of "big" (submitted before it): the
-    # remaining worker is reserved for the first of them, and "big" waits its turn.
-    assert first not in reserved(sim)
-    assert sim.state.tasks["big"].reserved_on is None
+    # "big" reserves the remaining worker; the lost worker's runs are queued again, ahead
+    # of it (submitted before it), and take the units coming free there first.
+    (second,) = {"a", "b"} - {first}
+    assert reserved(sim) == {second: "big"}
     started = []
     while "big" not in sim.outstanding():
         key = sim.outstanding()[0]
@@ -189,3 +191,48 @@ def test_a_steady_stream_of_one_unit_tasks_does_not_starve_a_two_unit_task(sim: 
     # Without reservations it waits for the whole stream (200 tasks); with one, at most
     # for the four runs under way when it was submitted.
     assert finished_before_big <= 4
+
+
+def test_the_smallest_demand_of_a_resource_reserves_nothing(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    for key in ("one", "two", "three"):
+        sim.submit(key, resources={"GPU": 1})
+    assert sim.states()["three"] == "queued"
+    assert reserved(sim) == {}
+    sim.finish("one")
+    assert sim.outstanding() == ["three", "two"]
+
+
+def test_a_newer_reservation_does_not_hold_back_an_older_small_task(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("two", resources={"GPU": 1})
+    sim.submit("three", resources={"GPU": 1})  # queued, reserving nothing
+    sim.submit("big", resources={"GPU": 2})
+    assert reserved(sim) == {"w": "big"}
+    # The unit that comes free goes to "three", submitted before "big"...
+    sim.finish("one")
+    assert sim.outstanding() == ["three", "two"]
+    assert sim.state.workers["w"].held == {"GPU": 0}
+    # ...and "big" holds the units after it.
+    sim.submit("four", resources={"GPU": 1})
+    sim.finish("two")
+    assert sim.state.workers["w"].held == {"GPU": 1}
+    sim.finish("three")
+    assert sim.outstanding() == ["big"]
+    assert sim.states()["four"] == "queued"
+
+
+def test_a_demand_reserves_once_a_smaller_one_of_its_resource_appears(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 4}, nthreads=4)
+    for key in ("x", "y", "z"):
+        sim.submit(key, resources={"GPU": 2})
+    # Two units is the smallest demand so far: "z" waits without a reservation...
+    assert sim.states()["z"] == "queued"
+    assert reserved(sim) == {}
+    # ...until one-unit tasks come, which could keep taking the units it needs.
+    sim.submit("small", resources={"GPU": 1})
+    assert reserved(sim) == {"w": "z"}
+    sim.finish("x")
+    assert sim.outstanding() == ["y", "z"]
+    assert sim.states()["small"] == "queued"
