@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from apportion.resources import Resources, Shape
+from apportion.serialize import Pickled
 
 # A task's life: released (known, nothing under way) -> waiting (for dependencies) ->
 # queued (ready, no worker free) or no-worker (none could ever run it) -> processing (sent
@@ -55,7 +56,7 @@ class TaskState:
         self,
         key: str,
         func: bytes,
-        args: bytes,
+        args: bytes | Pickled,  # a pickle, or one with out-of-band buffers (large arrays)
         shape: Shape,
         priority: int,
         retries: int,
