@@ -130,6 +130,9 @@ class Client:
         self._closed = False
         # Set when the scheduler is lost for good (reconnecting gave up), with the reason.
         self._lost: str | None = None
+        # Why the scheduler refused our messages (its "error" before closing): reconnecting
+        # and sending them again would only be refused again.
+        self._refused: str | None = None
         self._warned: set[tuple] = set()
         self._io = _LoopThread()
         if self.asynchronous:  # connected when awaited, without blocking the caller's loop
@@ -639,7 +642,12 @@ class Client:
         except Exception as exc:  # a malformed message
             comm.close()
             reason = f"bad message from scheduler {self.scheduler_address}: {exc!r}"
-        if not self._closed:
+        if self._refused is not None:
+            self._on_lost(
+                f"the scheduler at {self.scheduler_address} refused this client's messages "
+                f"({self._refused}); not reconnecting, as it would refuse them again"
+            )
+        elif not self._closed:
             await reconnect(self, reason)
 
     def _on_frame(self, messages: list[Message]) -> None:
@@ -683,7 +691,8 @@ class Client:
             if reply is not None and not reply.done():
                 reply.set_result(message)
         elif op == "error":
-            logger.error("scheduler reported: %s", message.get("reason"))
+            self._refused = str(message.get("reason"))
+            logger.error("scheduler reported: %s", self._refused)
 
     def _connect_to_holder(self, who_has: list[str]) -> None:
         """Connect to a worker that told the scheduler of a result: from then on it tells
