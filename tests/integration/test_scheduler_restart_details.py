@@ -12,7 +12,18 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from apportion import Client, LocalCluster, ResourceDeadlockError, config, get_worker, worker_client
+from apportion import (
+    Client,
+    Event,
+    LocalCluster,
+    Lock,
+    ResourceDeadlockError,
+    Semaphore,
+    Variable,
+    config,
+    get_worker,
+    worker_client,
+)
 from apportion.client import NoWorkerWarning
 from tests.conftest import wait_until
 from tests.integration.conftest import assert_back_to_idle
@@ -192,3 +203,26 @@ def test_no_no_worker_warning_while_the_workers_come_back(tmp_path: Path) -> Non
         assert [w for w in caught if issubclass(w.category, NoWorkerWarning)] == []
     finally:
         cluster.close()
+
+
+def test_leases_and_set_events_are_given_back_to_the_new_scheduler(
+    gpu_cluster: LocalCluster,
+) -> None:
+    with Client(gpu_cluster) as holder, Client(gpu_cluster) as other:
+        lock, sem = Lock("restart-lock", client=holder), Semaphore(2, "restart-sem", client=holder)
+        assert lock.acquire() and sem.acquire() and sem.acquire()
+        Event("restart-event", client=holder).set()
+        Variable("restart-variable", client=holder).set(1)
+        gpu_cluster.restart_scheduler()
+        holder.wait_for_workers(1, timeout=60)
+        other.wait_for_workers(1, timeout=60)
+        # Still held by the holder: nobody else gets them.
+        assert not Lock("restart-lock", client=other).acquire(blocking=False)
+        assert not Semaphore(2, "restart-sem", client=other).acquire(blocking=False)
+        assert Event("restart-event", client=other).is_set()
+        with pytest.raises(TimeoutError):  # variables start empty (README)
+            Variable("restart-variable", client=other).get(timeout=0.1)
+        lock.release()
+        sem.release()
+        assert Lock("restart-lock", client=other).acquire(blocking=False)
+        assert Semaphore(2, "restart-sem", client=other).acquire(blocking=False)
