@@ -226,3 +226,32 @@ def test_leases_and_set_events_are_given_back_to_the_new_scheduler(
         sem.release()
         assert Lock("restart-lock", client=other).acquire(blocking=False)
         assert Semaphore(2, "restart-sem", client=other).acquire(blocking=False)
+
+
+def test_a_restricted_run_on_a_worker_set_below_it_is_adopted_exactly(tmp_path: Path) -> None:
+    folder = str(tmp_path)
+    with config.set({"scheduler.recovery-wait": 2.0}):
+        cluster = LocalCluster(
+            workers=[{"name": "a", "resources": {"GPU": 1}}, {"name": "b", "resources": {"GPU": 1}}]
+        )
+    try:
+        with Client(cluster) as client:
+            future = client.submit(gated_gpu_task, folder, resources={"GPU": 1}, workers=["b"])
+            wait_until(lambda: runs(tmp_path) == ["blocker"], what="the task running on b")
+            assert client.set_resources("b", {"GPU": 0}) == {"GPU": 0}  # taken out of service
+            cluster.restart_scheduler()
+            client.wait_for_workers(2, timeout=60)
+            wait_until(
+                lambda: client.scheduler_info()["tasks"].get("processing") == 1,
+                what="the run adopted",
+            )
+            info = {w["name"]: w for w in client.scheduler_info()["workers"].values()}
+            assert info["b"]["resources"] == {"GPU": 0}  # its amounts as set
+            assert info["b"]["used_resources"] == {"GPU": 1}  # the run keeps its unit
+            assert client.check_invariants() == []
+            touch(folder + "/blocker-gate")
+            assert future.result(timeout=60) == "blocker"
+            assert_back_to_idle(client, runs_too=True)
+        assert runs(tmp_path) == ["blocker"]  # adopted, not cancelled and run again
+    finally:
+        cluster.close()
