@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from apportion import (
     Client,
     Event,
+    Future,
     LocalCluster,
     Lock,
     ResourceDeadlockError,
@@ -61,7 +64,7 @@ def releasing_parent(folder: str) -> dict:
         child = client.submit(log_run, folder, "child", pure=False).result()
         wait_for(os.path.join(folder, "rejoin"))
         touch(os.path.join(folder, "rejoining"))
-    return {"child": child, "units": dict(get_worker().task.units)}  # type: ignore[union-attr]
+    return {"child": child, "units": dict(get_worker().task.units)}
 
 
 def gated_gpu_task(folder: str) -> str:
@@ -85,11 +88,18 @@ def gpu_info(client: Client) -> float:
 
 
 @pytest.fixture
-def gpu_cluster() -> LocalCluster:
+def gpu_cluster() -> Iterator[LocalCluster]:
     with config.set({"scheduler.recovery-wait": 2.0}):
         cluster = LocalCluster(workers=[{"name": "gpu", "nthreads": 2, "resources": {"GPU": 1}}])
     yield cluster
     cluster.close()
+
+
+def seceded_gpu_parent(client: Client, parent: Callable[[str], Any], folder: Path) -> Future:
+    """Submit ``parent`` (GPU=1); return its future once it has seceded."""
+    future = client.submit(parent, str(folder), resources={"GPU": 1})
+    wait_until(lambda: (folder / "seceded").exists(), what="the parent seceded")
+    return future
 
 
 def test_a_task_waiting_to_rejoin_for_its_released_gpu_gets_it_from_the_new_scheduler(
@@ -97,8 +107,7 @@ def test_a_task_waiting_to_rejoin_for_its_released_gpu_gets_it_from_the_new_sche
 ) -> None:
     folder = str(tmp_path)
     with Client(gpu_cluster) as client:
-        parent = client.submit(releasing_parent, folder, resources={"GPU": 1})
-        wait_until(lambda: (tmp_path / "seceded").exists(), what="the parent seceded")
+        parent = seceded_gpu_parent(client, releasing_parent, tmp_path)
         # Its GPU goes to another task meanwhile; the parent then asks for it back.
         blocker = client.submit(gated_gpu_task, folder, resources={"GPU": 1})
         wait_until(lambda: "blocker" in runs(tmp_path), what="the blocker holds the GPU")
@@ -121,8 +130,7 @@ def test_a_subtask_submitted_during_the_outage_is_known_by_its_parent(
 ) -> None:
     folder = str(tmp_path)
     with Client(gpu_cluster) as client:
-        parent = client.submit(keeping_parent, folder, resources={"GPU": 1})
-        wait_until(lambda: (tmp_path / "seceded").exists(), what="the parent seceded")
+        parent = seceded_gpu_parent(client, keeping_parent, tmp_path)
         gpu_cluster.kill_scheduler()
         touch(folder + "/submit")  # its GPU subtask could only ever run on its own GPU
         gpu_cluster.restart_scheduler(kill=False)
