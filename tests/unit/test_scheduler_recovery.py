@@ -321,6 +321,7 @@ def test_a_subtask_re_registered_with_its_parent_is_checked_for_the_deadlock() -
     sim.resubmit(child, client="worker-client")
     assert sim.secession is not None
     sim.secession.respawned([child])
+    assert sim.secession.descendants(["parent"]) == ["child"]  # cancelling it reaches child
     sim.end_wait()
     sim.secession.recovered()
     sim.step()
