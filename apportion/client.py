@@ -343,6 +343,9 @@ class Client:
         # Submitted by a task (get_client() on a worker): the scheduler knows its parent.
         parent = current_task_key()
         extra = {} if parent is None else {"parent": parent}
+        if parent is not None:
+            for spec in specs:  # kept with the lineage, for a new scheduler (lineage.py)
+                spec["parent"] = parent
         budget = self._limit() // 2
         if _submission_bytes(specs) <= budget:  # the usual case, measured at C speed
             self._post({"op": "submit", "tasks": specs, **extra})

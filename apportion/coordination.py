@@ -6,7 +6,8 @@ Values are pickled (anything a task may return; futures are not shared this way)
 waiting call with a ``timeout`` gives up after it: ``Queue.get`` and ``Variable.get`` then
 raise ``TimeoutError``; ``Event.wait``, ``Lock.acquire`` and ``Semaphore.acquire`` return
 False. Leases (locks, semaphores) belong to the client that took them and are released if
-it disconnects.
+it disconnects. After a scheduler restart the client gives the new scheduler back the
+leases it holds and the events it set; variables and queues start empty there.
 
 A Semaphore and a resource are different limits (see the README's "Coming from Dask"):
 ``resources={"license": 1}`` is counted per worker by the scheduler *before* a task
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from apportion.default_client import default_client
@@ -53,6 +55,43 @@ async def _ask(client: Client, message: Message, timeout: float | None) -> Messa
             {"op": "coord", "action": "cancel", "wait_id": request_id, "id": cancel_id}
         )
         return await reply
+
+
+# What each client holds here, for a new scheduler after a restart (restored_messages):
+# leases by name (max_leases, count), and the events it set last. Weak: a client gone
+# takes its books with it.
+_leases: weakref.WeakKeyDictionary[Client, dict[str, tuple[int, int]]] = weakref.WeakKeyDictionary()
+_events: weakref.WeakKeyDictionary[Client, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _count_lease(client: Client, name: str, max_leases: int, delta: int) -> None:
+    held = _leases.setdefault(client, {})
+    count = held.get(name, (max_leases, 0))[1] + delta
+    if count > 0:
+        held[name] = (max_leases, count)
+    else:
+        held.pop(name, None)
+
+
+def restored_messages(client: Client) -> list[Message]:
+    """The requests that give a new scheduler the leases ``client`` holds and the events it
+    set (sent first when it reconnects; see apportion/reconnect.py)."""
+    messages: list[Message] = [
+        {
+            "op": "coord",
+            "action": "lease-restore",
+            "name": name,
+            "max_leases": limit,
+            "count": count,
+            "id": next(client._request_ids),
+        }
+        for name, (limit, count) in _leases.get(client, {}).items()
+    ]
+    messages.extend(
+        {"op": "coord", "action": "event-set", "name": name, "id": next(client._request_ids)}
+        for name in sorted(_events.get(client, ()))
+    )
+    return messages
 
 
 class _Primitive:
@@ -136,9 +175,12 @@ class Event(_Primitive):
 
     def set(self) -> None:
         self._call("event-set")
+        _events.setdefault(self.client, set()).add(self.name)
 
     def clear(self) -> None:
         self._call("event-clear")
+        for names in _events.values():  # whoever set it: cleared for all
+            names.discard(self.name)
 
     def is_set(self) -> bool:
         return bool(self._call("event-is-set")["value"])
@@ -164,10 +206,14 @@ class Semaphore(_Primitive):
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take a lease, waiting (up to ``timeout``) while all are taken; False if none."""
         reply = self._call("lease-acquire", timeout, max_leases=self.max_leases, blocking=blocking)
-        return bool(reply.get("value", False))
+        if reply.get("value", False):
+            _count_lease(self.client, self.name, self.max_leases, +1)
+            return True
+        return False
 
     def release(self) -> None:
         self._call("lease-release", max_leases=self.max_leases)
+        _count_lease(self.client, self.name, self.max_leases, -1)
 
     def get_value(self) -> int:
         """How many leases are taken now."""

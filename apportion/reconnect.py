@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from apportion import config
 from apportion.aio import background
+from apportion.coordination import restored_messages
 from apportion.errors import SchedulerConnectionError
 from apportion.lineage import re_registration
 from apportion.protocol import Comm, CommClosedError, Message, connect
@@ -133,6 +134,7 @@ def _resume(client: Client, comm: Comm) -> int:
     ]
     if lineage_only:  # registered for their dependents' sake only
         messages.append({"op": "release", "keys": lineage_only, "recover": True})
+    messages.extend(restored_messages(client))  # its leases and events (coordination.py)
     if messages:
         comm.send_now(messages)  # before anything this client sends from now on
     comm.allow_thread_writes()

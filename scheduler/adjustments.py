@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from apportion.scheduler.adoption import AdoptionMixin
     from apportion.scheduler.model import WorkerState
     from apportion.scheduler.state import SchedulerState
 
@@ -26,7 +27,7 @@ class Adjustments:
         self.shrunk: set[WorkerState] = set()
 
 
-def adjustments(state: SchedulerState) -> Adjustments:
+def adjustments(state: SchedulerState | AdoptionMixin) -> Adjustments:
     if state.adjusted is None:
         state.adjusted = Adjustments()
     return state.adjusted

@@ -20,15 +20,19 @@ import logging
 from collections.abc import Hashable, Iterator
 from typing import Any
 
+from apportion.scheduler.adjustments import Adjustments, adjustments
 from apportion.scheduler.model import NOTHING, TaskState, TaskStateName, WorkerState
 from apportion.scheduler.recovery import (
     RECOVERING,
     Decision,
+    ReportedError,
     ReportedRun,
     WorkerReport,
+    decide_erred,
     decide_held,
     decide_run,
 )
+from apportion.scheduler.restrictions import restrict
 from apportion.scheduler.retirement import RetirementMixin
 
 from apportion.resources import Shape, to_shape
@@ -44,6 +48,9 @@ class AdoptionMixin(RetirementMixin):
 
     # Provided by SchedulerState (declared here so that the compiled build knows them).
     _seq: Iterator[int]  # also the run ids
+    _shapes: dict[Shape, Shape]
+    _notices: dict[tuple[str, Shape], list[str]]
+    adjusted: Adjustments | None
 
     def _without(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
         raise NotImplementedError
@@ -58,6 +65,9 @@ class AdoptionMixin(RetirementMixin):
         raise NotImplementedError
 
     def _ensure_computed(self, root: TaskState) -> None:
+        raise NotImplementedError
+
+    def _fail_with(self, root: TaskState, exception: bytes, traceback: str) -> None:
         raise NotImplementedError
 
     def _release_if_unneeded(self, ts: TaskState) -> None:
@@ -87,14 +97,21 @@ class AdoptionMixin(RetirementMixin):
         if highest:
             # The scheduler's next run ids must not clash with this worker's runs.
             self._seq = itertools.count(max(next(self._seq), highest + 1))
-        for key in report.held:
-            self._adopt_held(ws, key, recovering)
-        if report.running or report.held:
+        for key, nbytes in report.held.items():
+            self._adopt_held(ws, key, nbytes, recovering)
+        for error in report.erred:
+            self._adopt_error(ws, error, recovering)
+        if any(used > ws.total.get(name, 0) + 1e-9 for name, used in ws.used.items()):
+            # Its resources were set lower (set_resources) while these runs held them:
+            # over its total until they end, as on the scheduler that set them.
+            adjustments(self).shrunk.add(ws)
+        if report.running or report.held or report.erred:
             logger.info(
-                "worker %s brought %d results and %d runs from before the restart",
+                "worker %s brought %d results, %d runs and %d errors from before the restart",
                 ws.name,
                 len(report.held),
                 len(report.running),
+                len(report.erred),
             )
 
     def _adopt_run(self, ws: WorkerState, run: ReportedRun, recovering: bool) -> None:
@@ -120,13 +137,14 @@ class AdoptionMixin(RetirementMixin):
             ts = self._placeholder(run.key, run.shape)
         elif ts.state != "released":
             self._set_state(ts, "released")  # out of its queue or wait
-        ts.shape = run.shape
+        if tuple(ts.shape) != tuple(run.shape):  # kept when only a restriction differs
+            ts.shape = run.shape
         self._book(ws, run.run_id, ts)
         ts.processing_on = ws
         ts.run_id = run.run_id
         self._set_state(ts, "processing")
 
-    def _adopt_held(self, ws: WorkerState, key: str, recovering: bool) -> None:
+    def _adopt_held(self, ws: WorkerState, key: str, nbytes: int, recovering: bool) -> None:
         ts = self.tasks.get(key)
         decision = decide_held(key, ts.state if ts is not None else None, recovering)
         _log_conflict(ws, decision)
@@ -135,6 +153,7 @@ class AdoptionMixin(RetirementMixin):
             return
         if ts is None:  # keep-unclaimed
             ts = self._placeholder(key, ())
+        ts.nbytes = max(ts.nbytes, nbytes)  # placement prefers the holder of more bytes
         if decision.action == "add-holder" and ts.state == "memory":
             ts.who_has = self._with(ts.who_has, ws)
             ws.has_what.add(ts)
@@ -152,6 +171,28 @@ class AdoptionMixin(RetirementMixin):
                     self._make_ready(dependent)
         for dep in ts.dependencies:
             self._release_if_unneeded(dep)
+
+    def _adopt_error(self, ws: WorkerState, error: ReportedError, recovering: bool) -> None:
+        """A run that failed while no scheduler listened: its error is kept, not run again
+        (unless the task has retries left, counting this failure)."""
+        ts = self.tasks.get(error.key)
+        decision = decide_erred(error.key, ts.state if ts is not None else None, recovering)
+        _log_conflict(ws, decision)
+        if decision.action == "drop":
+            return
+        if ts is None:  # keep-unclaimed: failed when its lineage comes (see _claim)
+            ts = self._placeholder(error.key, ())
+            self._set_state(ts, "erred")
+            ts.exception, ts.traceback = error.exception, error.traceback
+            return
+        if ts.retries > 0:
+            ts.retries -= 1
+            if ts.state != "released":
+                self._set_state(ts, "released")
+            if ts not in self.recovery.deferred:
+                self._ensure_computed(ts)
+            return
+        self._fail_with(ts, error.exception, error.traceback)
 
     def _placeholder(self, key: str, shape: Shape) -> TaskState:
         """A key a worker reported before any client re-registered it: no lineage yet."""
@@ -180,10 +221,18 @@ class AdoptionMixin(RetirementMixin):
         ts.who_wants = self._without(ts.who_wants, RECOVERING)
         if not ts.func:
             ts.func, ts.args = spec["func"], spec["args"]
-            if ts.state != "processing":  # a run keeps the resources it holds
-                ts.shape = to_shape(spec.get("resources"))
+            shape = to_shape(spec.get("resources"))
+            if spec.get("workers"):  # part of the demand (see restrictions.py)
+                shape = restrict(shape, spec["workers"], bool(spec.get("allow_other_workers")))
+            shape = self._shapes.setdefault(shape, shape)
+            # A run keeps the resources it holds: its demand changes only by a restriction.
+            if ts.state != "processing" or tuple(shape) == tuple(ts.shape):
+                ts.shape = shape
             ts.priority = int(spec.get("priority") or 0)
             ts.retries = int(spec.get("retries") or 0)
+            if ts.state == "erred" and ts.retries > 0:  # its failure during the outage
+                ts.retries -= 1
+                self._set_state(ts, "released")
             deps = [self.tasks[d] for d in spec.get("deps") or () if d in self.tasks]
             ts.dependencies = deps
             for dep in deps:
@@ -228,7 +277,9 @@ class AdoptionMixin(RetirementMixin):
     def recovery_deadline(self) -> float | None:
         """When the wait ends, while something waits for that (None otherwise)."""
         recovery = self.recovery
-        if recovery.over or not (recovery.deferred or recovery.unclaimed or recovery.releases):
+        if recovery.over or not (
+            recovery.deferred or recovery.unclaimed or recovery.releases or self._notices
+        ):
             return None
         return recovery.until
 

@@ -9,6 +9,8 @@ client never misses a grant made just before it gave up.
 
 Leases (locks and semaphores) belong to the client that took them: when that client
 disconnects they are released, so a crashed holder never blocks the others for good.
+After a scheduler restart, reconnecting clients restore the leases they hold and the
+events they set (``lease-restore``, ``event-set``); variables and queues start empty.
 """
 
 from __future__ import annotations
@@ -192,6 +194,19 @@ class Coordination:
             del sem.holders[w.client]
         self._reply(w.client, w.request_id)
         self._grant_leases(name, sem)
+
+    def _on_lease_restore(self, w: _Waiter) -> None:
+        """A client reconnecting after a scheduler restart still holds ``count`` leases:
+        booked as they are, even beyond the limit (then others wait until it is below)."""
+        name = _name(w.message)
+        count = w.message.get("count")
+        if type(count) is not int or count < 1:
+            raise CoordinationError(f"count must be a whole number >= 1, got {count!r}")
+        sem = self.semaphores.get(name)
+        if sem is None:
+            _, sem = self._semaphore(w.message)
+        sem.holders[w.client] = sem.holders.get(w.client, 0) + count
+        self._reply(w.client, w.request_id)
 
     def _on_lease_count(self, w: _Waiter) -> None:
         _, sem = self._semaphore(w.message)

@@ -14,7 +14,7 @@ computed twice when one exists).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from apportion.protocol import ProtocolError
@@ -31,12 +31,25 @@ class ReportedRun:
     run_id: int
     shape: Shape
     cancelled: bool
+    # Seceded (its thread given back): with its resources released, and asking for them
+    # back (rejoin() waits for the scheduler's grant).
+    seceded: bool = False
+    released: bool = False
+    reacquiring: bool = False
+
+
+@dataclass(frozen=True)
+class ReportedError:
+    key: str
+    exception: bytes
+    traceback: str
 
 
 @dataclass(frozen=True)
 class WorkerReport:
-    held: list[str]
+    held: dict[str, int]  # key -> pickled size
     running: list[ReportedRun]
+    erred: list[ReportedError] = field(default_factory=list)
 
 
 def parse_report(message: Any) -> WorkerReport:
@@ -46,8 +59,10 @@ def parse_report(message: Any) -> WorkerReport:
             f"a worker registering with 'report' must send 'recover' first, got {message!r:.200}"
         )
     held = message.get("held")
-    if not isinstance(held, list) or not all(isinstance(k, str) for k in held):
-        raise ProtocolError("'recover' needs 'held': a list of keys")
+    if not isinstance(held, dict) or not all(
+        isinstance(k, str) and type(n) is int for k, n in held.items()
+    ):
+        raise ProtocolError("'recover' needs 'held': a map of keys to their sizes in bytes")
     runs = message.get("running")
     if not isinstance(runs, list):
         raise ProtocolError("'recover' needs 'running': a list of runs")
@@ -60,14 +75,37 @@ def parse_report(message: Any) -> WorkerReport:
             shape = to_shape(validate(run.get("resources") or {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"'recover' has a malformed run {run!r:.200}: {exc}") from None
-        running.append(ReportedRun(key, run_id, shape, bool(run.get("cancelled"))))
-    return WorkerReport(held, running)
+        running.append(
+            ReportedRun(
+                key,
+                run_id,
+                shape,
+                bool(run.get("cancelled")),
+                bool(run.get("seceded")),
+                bool(run.get("released")),
+                bool(run.get("reacquiring")),
+            )
+        )
+    erred = []
+    for error in message.get("erred") or ():
+        try:
+            key, exception = error["key"], error["exception"]
+            traceback = error.get("traceback") or ""
+            if not isinstance(key, str) or not isinstance(exception, bytes):
+                raise TypeError("key must be a string and exception bytes")
+            if not isinstance(traceback, str):
+                raise TypeError("traceback must be a string")
+        except (KeyError, TypeError) as exc:
+            raise ProtocolError(f"'recover' has a malformed error {error!r:.200}: {exc}") from None
+        erred.append(ReportedError(key, exception, traceback))
+    return WorkerReport(held, running, erred)
 
 
 # What the scheduler knows of a reported key: None (nothing), or the task's state.
 Known = str | None
 
 HeldAction = Literal["keep-unclaimed", "add-holder", "adopt-result", "drop"]
+ErredAction = Literal["keep-unclaimed", "adopt-error", "drop"]
 RunAction = Literal["adopt-unclaimed", "adopt-run", "stale"]
 
 
@@ -93,6 +131,19 @@ def decide_held(key: str, known: Known, recovering: bool) -> Decision:
     return Decision("adopt-result")
 
 
+def decide_erred(key: str, known: Known, recovering: bool) -> Decision:
+    """A run of ``key`` failed on a worker while no scheduler listened."""
+    if known is None:
+        if recovering:
+            return Decision("keep-unclaimed")  # for a client still to re-register it
+        return Decision("drop")
+    if known in ("memory", "erred"):
+        return Decision("drop", f"{key!r} is known as {known}; the error is dropped")
+    if known == "processing":
+        return Decision("drop", f"{key!r} runs again already; the error is dropped")
+    return Decision("adopt-error")  # released, waiting, queued or no-worker
+
+
 def decide_run(
     key: str,
     known: Known,
@@ -108,7 +159,8 @@ def decide_run(
         if recovering:
             return Decision("adopt-unclaimed")
         return Decision("stale", f"nobody wants {key!r} any more; its run is cancelled")
-    if known_shape is not None and known_shape != run.shape:
+    # The demand's pairs only: a restriction to some workers is no other demand.
+    if known_shape is not None and tuple(known_shape) != tuple(run.shape):
         return Decision(
             "stale",
             f"{key!r} is registered with resources {dict(known_shape)} but runs with "

@@ -28,6 +28,7 @@ from apportion.resources import Shape, fits, format_resources
 
 if TYPE_CHECKING:
     from apportion.scheduler.model import TaskState, WorkerState
+    from apportion.scheduler.recovery import WorkerReport
     from apportion.scheduler.state import SchedulerState
 
 logger = logging.getLogger("apportion.scheduler")
@@ -81,11 +82,7 @@ class Secession:
         ts = ws.processing.get(run_id) if ws is not None else None
         if ws is None or ts is None or run_id in self.runs or ts.processing_on is not ws:
             return
-        run = self.runs[run_id] = SecededRun(address, ts.key, run_id, ts.shape, release)
-        if release and ts.shape:
-            _give_back(ws, ts.shape)
-            adjustments(state).unheld_runs.add(run_id)
-        self._extra_slot(ws, +1)
+        run = self._book(ws, run_id, ts, release)
         logger.info(
             "task %s seceded on %s (%s)",
             ts.key,
@@ -98,6 +95,46 @@ class Secession:
         if not run.released:
             self.check(self.children.get(ts.key, ()))
 
+    def _book(self, ws: WorkerState, run_id: int, ts: TaskState, release: bool) -> SecededRun:
+        run = self.runs[run_id] = SecededRun(ws.address, ts.key, run_id, ts.shape, release)
+        if release and ts.shape:
+            _give_back(ws, ts.shape)
+            adjustments(self.state).unheld_runs.add(run_id)
+        self._extra_slot(ws, +1)
+        return run
+
+    def adopt(self, ws: WorkerState, report: WorkerReport) -> None:
+        """A worker registering with a new scheduler (after ``SchedulerState._adopt`` booked
+        its runs, before it gets new work): its seceded runs stand as they did, their
+        resources released or kept, and those waiting for theirs back ask again (their
+        ``reacquire`` went to the scheduler that is gone). Runs adopted as stale too: they
+        hold what they hold until they end."""
+        for reported in report.running:
+            ts = ws.processing.get(reported.run_id)
+            if not reported.seceded or ts is None or reported.run_id in self.runs:
+                continue
+            self._book(ws, reported.run_id, ts, reported.released)
+            if reported.reacquiring and reported.released:
+                self.reacquire(ws.address, reported.run_id)
+
+    def respawned(self, specs: Iterable[Message]) -> None:
+        """Tasks a reconnecting client re-registered: which task submitted which comes
+        with them (their ``parent``), as it was first submitted."""
+        by_parent: dict[str, list[str]] = {}
+        for spec in specs:
+            parent = spec.get("parent")
+            if isinstance(parent, str) and parent:
+                by_parent.setdefault(parent, []).append(spec["key"])
+        for parent, keys in by_parent.items():
+            self.spawned(parent, keys)
+
+    def recovered(self) -> None:
+        """Subtasks held back or waiting for a worker may be queued now (the recovery wait
+        is over, or a worker came back with seceded runs): the deadlock check they could
+        not have then."""
+        if self.parent:
+            self.check(list(self.parent))
+
     def rejoin(self, address: str, run_id: int) -> None:
         """The run takes a thread again (its resources, if released, came back first).
         Its extra slot stays until it ends: the task that slot brought in meanwhile waits
@@ -107,8 +144,8 @@ class Secession:
 
     def reacquire(self, address: str, run_id: int) -> None:
         run = self.runs.get(run_id)
-        if run is None or not run.released:
-            return
+        if run is None or not run.released or run in self.reacquiring.get(address, ()):
+            return  # (asked again: its worker reported it asking, then its message came)
         self.reacquiring.setdefault(address, []).append(run)
         adjustments(self.state).reacquire = self.grant  # called as resources come free
         ws = self.state.workers.get(address)

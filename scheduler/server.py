@@ -180,8 +180,17 @@ class Scheduler:
         for upload in self.uploads.values():  # before any task: what tasks may import
             comm.send(upload)
         self.state.add_worker(
-            address, name, nthreads, resources, hello.get("memory_limit"), info, report
+            address,
+            name,
+            nthreads,
+            resources,
+            hello.get("memory_limit"),
+            info,
+            report,
+            self.secession.adopt,
         )
+        if report is not None:
+            self.secession.recovered()  # its seceded runs' subtasks may be queued now
         self._flush()
         handlers: dict[str, Callable[[str, Message], None]] = {
             "task-finished": self.state.handle_task_finished,
@@ -282,6 +291,8 @@ class Scheduler:
             self.state.handle_submit(client, tasks, bool(message.get("recover")))
             if "parent" in message:  # submitted by a task (secession.py)
                 self.secession.spawned(check_parent(message), [t["key"] for t in tasks])
+            elif message.get("recover"):  # each with its parent, if a task submitted it
+                self.secession.respawned(tasks)
         elif op == "release":
             if message.get("recover"):  # lineage only, after a restart
                 self.state.release_after_recovery(client, check_keys(message))
@@ -415,7 +426,10 @@ class Scheduler:
     def _check_timeouts(self) -> None:
         deadline = self.state.next_deadline()
         if deadline is not None and deadline <= self.state.clock():
+            recovering = not self.state.recovery.over
             self.state.check_timeouts()
+            if recovering and self.state.recovery.over:
+                self.secession.recovered()
             self._flush()
 
     def _check_heartbeats(self) -> None:

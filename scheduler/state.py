@@ -138,7 +138,22 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
     def take_outbox(self) -> dict[str, list[Message]]:
         if self.retirements:
             self._advance_retirements()
+        if self._notices:
+            self._send_notices()
+        out, self.outbox = self.outbox, defaultdict(list)
+        return out
+
+    def _send_notices(self) -> None:
+        """Tell clients of their tasks no worker could run; not while recovering from a
+        restart (the workers are still on their way back), and only of the tasks still
+        waiting in no-worker when it is told."""
+        if self.recovering():
+            return  # kept until the wait ends (see recovery_deadline)
         for (client, shape), keys in self._notices.items():
+            waiting = self.no_worker.get(shape, {})
+            keys = [key for key in keys if self.tasks.get(key) in waiting]
+            if not keys:
+                continue
             self.send(
                 client,
                 {
@@ -149,8 +164,6 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 },
             )
         self._notices.clear()
-        out, self.outbox = self.outbox, defaultdict(list)
-        return out
 
     # ----------------------------------------------------------------- clients
     def add_client(self, client: str) -> None:
@@ -301,8 +314,10 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         memory_limit: int | None = None,
         info: dict[str, Any] | None = None,
         report: WorkerReport | None = None,
+        adopted: Callable[[WorkerState, WorkerReport], None] | None = None,
     ) -> WorkerState:
-        """A worker joins; ``report``: what it brings from before a scheduler restart."""
+        """A worker joins; ``report``: what it brings from before a scheduler restart
+        (``adopted`` is told of it once its runs are booked, before any new work)."""
         ws = WorkerState(address, name, nthreads, resources, self.prefetch, memory_limit, info)
         ws.last_seen = ws.idle_since = self.clock()
         self.workers[address] = ws
@@ -316,6 +331,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 ws.fitting_shapes.add(shape)
         if report is not None:
             self._adopt(ws, report)  # its runs and results first, before any new work
+            if adopted is not None:
+                adopted(ws, report)
         for shape in [s for s in self.no_worker if s in ws.fitting_shapes]:
             for ts in self.no_worker.pop(shape):
                 self._set_state(ts, "released")

@@ -19,6 +19,7 @@ _TASK_FIELDS = frozenset(
         "args",
         "deps",
         "resources",
+        "parent",  # the task that submitted it (kept in a client's lineage)
         "priority",
         "retries",
         "workers",

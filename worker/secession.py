@@ -69,6 +69,17 @@ class Books:
             resumed.append(Resume(waiting))
         return resumed
 
+    def report(self, run_id: int) -> dict[str, bool]:
+        """How a run stands, for a new scheduler (WorkerState.registration_report):
+        seceded, with its resources released (not granted back yet), and asking for them
+        back. A run granted its resources but not resumed yet holds them already."""
+        if run_id not in self.seceded:
+            return {}
+        asking = run_id in self.awaiting_grant
+        granted = any(w.task.run_id == run_id for w in self.rejoining)
+        released = run_id in self.unheld and not granted
+        return {"seceded": True, "released": released, "reacquiring": asking}
+
     def run_over(self, task: WorkerTask) -> tuple[bool, bool]:
         """At the end of a run (WorkerState.free_run): whether it still counted as running,
         and whether it still held its resources; it leaves the books."""

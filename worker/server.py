@@ -354,6 +354,7 @@ class Worker:
                 if payload is None:
                     problems.append(f"{holder} does not hold it")
                     continue
+                size = len(payload)
                 value = loads_value(payload)
             except Exception as exc:  # unreachable, gone, or a payload that does not load
                 logger.info("fetching %s from %s failed: %r", fetch.key, holder, exc)
@@ -361,7 +362,7 @@ class Worker:
                 continue
             del payload
             with self._lock:
-                instructions = self.state.fetched(fetch.key, value, fetch.epoch)
+                instructions = self.state.fetched(fetch.key, value, fetch.epoch, size)
             del value
             self._carry_out(instructions)
             return

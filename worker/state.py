@@ -151,6 +151,12 @@ class WorkerState:
         self.ready: list[WorkerTask] = []
         self.running = 0
         self.data: dict[str, Any] = {}
+        # Pickled size of each held result, for a new scheduler's placement (it prefers
+        # the worker holding a task's inputs' bytes).
+        self.nbytes: dict[str, int] = {}
+        # Errors of runs that ended while no scheduler listened, for the next one (as held
+        # results are): key -> (pickled exception, traceback).
+        self.errors: dict[str, tuple[Payload, str]] = {}
         # Key -> the tasks here (not yet ended) that take it as an input.
         self.needed: dict[str, int] = {}
         # Keys the scheduler freed while a task here still needed them: gone when it ends.
@@ -207,7 +213,7 @@ class WorkerState:
             if key in self.needed:
                 self.doomed.add(key)
             else:
-                self.data.pop(key, None)
+                self._forget(key)
 
     def acquire(self, key: str, holders: list[str]) -> list[Instruction]:
         """Keep a copy of a result held elsewhere (its holder is being retired)."""
@@ -238,29 +244,39 @@ class WorkerState:
     def registration_report(self) -> Message:
         """What a new scheduler must know of this worker, sent as its first message: the
         results held here and the runs in threads, each with the resources it holds.
-        Reported runs belong to the new connection from now on (their ends are reported)."""
+        Reported runs belong to the new connection from now on (their ends are reported),
+        and so do the errors kept for it (handed over: not reported again)."""
         running = []
         for task in self.tasks.values():
             task.epoch = self.epoch
-            running.append(
-                {
-                    "key": task.key,
-                    "run_id": task.run_id,
-                    "resources": dict(task.shape),
-                    "cancelled": task.status == "cancelled",
-                }
-            )
-        held = [key for key in self.data if key not in self.doomed]
-        return {"op": "recover", "held": held, "running": running}
+            run = {
+                "key": task.key,
+                "run_id": task.run_id,
+                "resources": dict(task.shape),
+                "cancelled": task.status == "cancelled",
+            }
+            if self.secession is not None:
+                run.update(self.secession.report(task.run_id))
+            running.append(run)
+        nbytes = self.nbytes
+        held = {key: nbytes.get(key, 0) for key in self.data if key not in self.doomed}
+        erred = [
+            {"key": key, "exception": exception, "traceback": traceback}
+            for key, (exception, traceback) in self.errors.items()
+        ]
+        self.errors = {}
+        return {"op": "recover", "held": held, "running": running, "erred": erred}
 
     # ----------------------------------------------------------------- fetches
-    def fetched(self, key: str, value: Any, epoch: int) -> list[Instruction]:
-        """A peer sent ``key``: it is held here from now on, and the scheduler hears so."""
+    def fetched(self, key: str, value: Any, epoch: int, nbytes: int = 0) -> list[Instruction]:
+        """A peer sent ``key`` (``nbytes`` pickled): it is held here from now on, and the
+        scheduler hears so."""
         pending = self.fetching.get(key)
         if epoch != self.epoch or pending is None:
             return []
         del self.fetching[key]
         self.data[key] = value
+        self.nbytes[key] = nbytes
         # The scheduler counts this copy too (a replica): when the original holder dies
         # this one is used instead of recomputing.
         instructions: list[Instruction] = [
@@ -322,10 +338,16 @@ class WorkerState:
         if self.tasks.get(task.run_id) is task:
             del self.tasks[task.run_id]  # a cancel from now on crosses the report
         if task.epoch != self.epoch:
-            # Ended while no scheduler knew of it: the result stays here, for the next
-            # scheduler to adopt (an error is not kept: it runs again).
-            if ok and task.status != "cancelled":
+            # Ended while no scheduler knew of it: the result (or the error) stays here,
+            # for the next scheduler to adopt; a Reschedule is nothing to keep (it runs
+            # again), nor is a cancelled run.
+            if task.status == "cancelled":
+                return []
+            if ok:
                 self.data[task.key] = value
+                self.nbytes[task.key] = len(payload)
+            elif not isinstance(value, Reschedule):
+                self.errors[task.key] = (payload, traceback)
             return []
         if task.status == "cancelled":
             return [Send({"op": "task-released", "key": task.key, "run_id": task.run_id})]
@@ -335,6 +357,7 @@ class WorkerState:
             return [Send(erred_message(task, payload, traceback))]
         # Stored before the scheduler hears of it: a peer may ask for it at once.
         self.data[task.key] = value
+        self.nbytes[task.key] = len(payload)
         message = self.finished_message(task, payload)
         if task.notify and not busy and not self.ready:
             # About to go idle: someone likely waits on this very result. (Busy workers
@@ -405,7 +428,11 @@ class WorkerState:
             needed.pop(key, None)
             if key in self.doomed:
                 self.doomed.discard(key)
-                self.data.pop(key, None)
+                self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        self.data.pop(key, None)
+        self.nbytes.pop(key, None)
 
     # ------------------------------------------------------------ introspection
     def check_invariants(self) -> list[str]:

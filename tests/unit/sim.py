@@ -31,7 +31,9 @@ class Sim:
         self, settings: dict[str, Any] | None = None, clock: Callable[[], float] | None = None
     ) -> None:
         self.clock = clock or FakeClock()
-        with config.set(settings or {}):
+        # A scheduler that is not recovering from a restart unless a test says so (no
+        # notices are held back for workers coming back).
+        with config.set({"scheduler.recovery-wait": 0.0, **(settings or {})}):
             self.state = SchedulerState(clock=self.clock)
         self.worker_addresses: set[str] = set()
         # address -> run_id -> compute message, for runs the worker has not reported over.

@@ -18,6 +18,8 @@ from apportion.scheduler.recovery import (
     decide_run,
     parse_report,
 )
+from apportion.scheduler.restrictions import is_restricted
+from apportion.scheduler.secession import Secession
 
 from apportion.protocol import ProtocolError
 from tests.unit.sim import FakeClock, Sim, task
@@ -28,9 +30,11 @@ WAIT = 5.0
 class RecoverySim(Sim):
     """A scheduler just started, to which workers of the previous one come back."""
 
-    def __init__(self) -> None:
+    def __init__(self, secession: bool = False) -> None:
         self.fake = FakeClock()
         super().__init__({"scheduler.recovery-wait": WAIT}, self.fake)
+        # The scheduler's books on seceded runs, when a test needs them (as the server has).
+        self.secession = Secession(self.state) if secession else None
         self.add_client("c")
 
     def rejoin(
@@ -38,8 +42,9 @@ class RecoverySim(Sim):
         address: str,
         resources: dict[str, float] | None = None,
         nthreads: int = 2,
-        held: list[str] = (),  # type: ignore[assignment]
+        held: list[str] | dict[str, int] = (),  # type: ignore[assignment]
         running: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        erred: list[dict[str, Any]] = (),  # type: ignore[assignment]
     ) -> None:
         """A worker registers with what it kept: its runs go on, so the fake worker knows
         them as outstanding (each holding its resources)."""
@@ -48,8 +53,14 @@ class RecoverySim(Sim):
             run["run_id"]: {"key": run["key"], "resources": run.get("resources", {})}
             for run in running
         }
-        report = parse_report({"op": "recover", "held": list(held), "running": list(running)})
-        self.state.add_worker(address, address, nthreads, dict(resources or {}), report=report)
+        sizes = held if isinstance(held, dict) else dict.fromkeys(held, 0)
+        report = parse_report(
+            {"op": "recover", "held": sizes, "running": list(running), "erred": list(erred)}
+        )
+        adopted = self.secession.adopt if self.secession is not None else None
+        self.state.add_worker(
+            address, address, nthreads, dict(resources or {}), report=report, adopted=adopted
+        )
         self.step()
 
     def resubmit(self, *specs: dict[str, Any], client: str = "c") -> None:
@@ -116,16 +127,20 @@ def test_a_reported_run_is_adopted_only_when_nothing_else_has_the_key(
 
 
 def test_a_report_is_parsed_and_a_malformed_one_is_refused_with_the_reason() -> None:
-    report = parse_report({"op": "recover", "held": ["a"], "running": [run("b", 4, GPU=1)] * 1})
-    assert report == WorkerReport(["a"], [ReportedRun("b", 4, (("GPU", 1),), False)])
+    report = parse_report(
+        {"op": "recover", "held": {"a": 10}, "running": [run("b", 4, GPU=1)] * 1, "erred": []}
+    )
+    assert report == WorkerReport({"a": 10}, [ReportedRun("b", 4, (("GPU", 1),), False)])
     with pytest.raises(ProtocolError, match="must send 'recover' first"):
         parse_report({"op": "heartbeat"})
-    with pytest.raises(ProtocolError, match="'held': a list of keys"):
-        parse_report({"op": "recover", "held": "a", "running": []})
+    with pytest.raises(ProtocolError, match="'held': a map of keys to their sizes"):
+        parse_report({"op": "recover", "held": ["a"], "running": []})
     with pytest.raises(ProtocolError, match="malformed run"):
-        parse_report({"op": "recover", "held": [], "running": [{"key": "b", "run_id": "x"}]})
+        parse_report({"op": "recover", "held": {}, "running": [{"key": "b", "run_id": "x"}]})
     with pytest.raises(ProtocolError, match="malformed run"):
-        parse_report({"op": "recover", "held": [], "running": [run("b", 1, GPU=-1)]})
+        parse_report({"op": "recover", "held": {}, "running": [run("b", 1, GPU=-1)]})
+    with pytest.raises(ProtocolError, match="malformed error"):
+        parse_report({"op": "recover", "held": {}, "running": [], "erred": [{"key": "b"}]})
 
 
 # ------------------------------------------------------------- rebuilding the state
@@ -260,3 +275,135 @@ def test_a_result_kept_only_as_lineage_is_not_dropped_before_its_dependent_is_un
     assert sim.computed_keys() == ["out"]  # dep, held all along, is not computed again
     sim.finish("out")
     assert sim.freed == {"w1": ["dep"]}  # no longer needed once out is in memory
+
+
+# --------------------------------------- seceded runs, restrictions, resources set lower
+def test_a_seceded_run_that_released_its_resources_and_asks_them_back_gets_them() -> None:
+    sim = RecoverySim(secession=True)
+    parent = run("parent", 5, GPU=1)
+    parent.update(seceded=True, released=True, reacquiring=True)
+    # The GPU went to another run meanwhile; the parent waits in rejoin() for it.
+    sim.rejoin("w1", {"GPU": 1}, nthreads=1, running=[parent, run("other", 6, GPU=1)])
+    assert sim.used("w1") == {"GPU": 1}  # other's only: the parent holds none
+    assert sim.reacquired == []
+    assert sim.state.workers["w1"].slots == sim.state.workers["w1"].max_slots
+    sim.resubmit(task("parent", resources={"GPU": 1}), task("other", resources={"GPU": 1}))
+    sim.resubmit(task("next", resources={"GPU": 1}))
+    sim.end_wait()
+    assert sim.secession is not None
+    sim.secession.run_ended("w1", 6)
+    sim.finish("other", run=("w1", 6))  # the GPU comes free: the parent first, not "next"
+    assert sim.reacquired == [("w1", 5)] and sim.used("w1") == {"GPU": 1}
+    assert "next" not in sim.computed_keys()
+    sim.secession.run_ended("w1", 5)
+    sim.finish("parent", run=("w1", 5))
+    assert sim.computed_keys() == ["next"]
+
+
+def test_a_seceded_run_that_kept_its_resources_gives_its_worker_a_slot_more() -> None:
+    sim = RecoverySim(secession=True)
+    parent = run("parent", 5, GPU=1)
+    parent.update(seceded=True)
+    sim.rejoin("w1", {"GPU": 1}, nthreads=1, running=[parent])
+    ws = sim.state.workers["w1"]
+    assert sim.used("w1") == {"GPU": 1}
+    assert ws.max_slots == 1 + sim.state.prefetch + 1
+    assert sim.secession is not None and 5 in sim.secession.runs
+
+
+def test_a_subtask_re_registered_with_its_parent_is_checked_for_the_deadlock() -> None:
+    sim = RecoverySim(secession=True)
+    parent = run("parent", 5, GPU=1)
+    parent.update(seceded=True)
+    sim.rejoin("w1", {"GPU": 1}, nthreads=2, running=[parent])
+    sim.resubmit(task("parent", resources={"GPU": 1}))
+    child = {**task("child", resources={"GPU": 1}), "parent": "parent"}
+    sim.resubmit(child, client="worker-client")
+    assert sim.secession is not None
+    sim.secession.respawned([child])
+    assert sim.secession.descendants(["parent"]) == ["child"]  # cancelling it reaches child
+    sim.end_wait()
+    sim.secession.recovered()
+    sim.step()
+    assert sim.states()["child"] == "erred"
+    assert type(sim.error_of("child", client="worker-client")).__name__ == "ResourceDeadlockError"
+
+
+def test_a_run_restricted_to_some_workers_is_adopted_and_keeps_its_restriction() -> None:
+    sim = RecoverySim()
+    spec = {**task("k", resources={"GPU": 1}), "workers": ["w1"]}
+    sim.resubmit(spec)  # the client came back first
+    sim.rejoin("w1", {"GPU": 1}, running=[run("k", 7, GPU=1)])
+    assert sim.cancels == {} and sim.states()["k"] == "processing"
+    assert is_restricted(sim.state.tasks["k"].shape)
+    # A placeholder claimed later gets the restriction too.
+    sim.rejoin("w2", {"GPU": 1}, running=[run("j", 8, GPU=1)])
+    sim.resubmit({**task("j", resources={"GPU": 1}), "workers": ["w2"]})
+    assert sim.cancels == {} and is_restricted(sim.state.tasks["j"].shape)
+
+
+def test_runs_holding_more_than_a_worker_was_set_to_are_booked_as_they_are() -> None:
+    sim = RecoverySim()
+    # set_resources(w1, {"GPU": 1}) while two GPU runs held their units; then the restart.
+    sim.rejoin("w1", {"GPU": 1}, running=[run("a", 1, GPU=1), run("b", 2, GPU=1)])
+    assert sim.used("w1") == {"GPU": 2} and sim.state.check_invariants() == []
+    sim.resubmit(task("a", resources={"GPU": 1}), task("b", resources={"GPU": 1}))
+    sim.resubmit(task("c", resources={"GPU": 1}))
+    sim.end_wait()
+    sim.finish("a", run=("w1", 1))
+    assert sim.computed_keys() == []  # still one GPU in use: none free of the one left
+    sim.finish("b", run=("w1", 2))
+    assert sim.computed_keys() == ["c"]
+
+
+def test_held_results_keep_their_sizes_for_placement() -> None:
+    sim = RecoverySim()
+    sim.rejoin("small", held={"s": 10})
+    sim.rejoin("big", held={"b": 10_000_000})
+    sim.resubmit(task("s"), task("b"), task("out", ["s", "b"]))
+    sim.end_wait()
+    assert sim.state.tasks["b"].nbytes == 10_000_000
+    assert sim.computed_keys("big") == ["out"]  # where the bytes are
+
+
+def test_an_error_reported_by_a_worker_is_kept_not_computed_again() -> None:
+    sim = RecoverySim()
+    error = {"key": "bad", "exception": b"pickled", "traceback": "Traceback: boom"}
+    sim.rejoin("w1", erred=[error])
+    sim.resubmit(task("bad"), task("after", ["bad"]))
+    sim.end_wait()
+    assert sim.computes == []
+    assert sim.states() == {"bad": "erred", "after": "erred"}
+    (erred,) = [m for m in sim.client_messages("task-erred") if m["key"] == "bad"]
+    assert erred["exception"] == b"pickled" and erred["traceback"] == "Traceback: boom"
+
+
+def test_a_reported_error_of_a_task_with_retries_left_runs_it_again() -> None:
+    sim = RecoverySim()
+    sim.resubmit(task("flaky", retries=1))
+    error = {"key": "flaky", "exception": b"pickled", "traceback": ""}
+    sim.rejoin("w1")
+    sim.rejoin("w2", erred=[error])
+    sim.end_wait()
+    assert sim.computed_keys() == ["flaky"]
+    assert sim.state.tasks["flaky"].retries == 0
+
+
+def test_no_worker_warnings_wait_for_the_end_of_the_recovery_wait() -> None:
+    sim = RecoverySim()
+    sim.submit("gpu-task", resources={"GPU": 1})  # a plain submission, no GPU worker back yet
+    assert sim.client_messages("no-worker") == []
+    sim.rejoin("w1", {"GPU": 1})  # back in time: no warning at all
+    sim.end_wait()
+    assert sim.client_messages("no-worker") == []
+    sim.submit("tpu-task", resources={"TPU": 1})  # after the wait: warned at once
+    assert [m["keys"] for m in sim.client_messages("no-worker")] == [["tpu-task"]]
+
+
+def test_no_worker_warnings_held_back_are_sent_when_the_wait_ends() -> None:
+    sim = RecoverySim()
+    sim.submit("tpu-task", resources={"TPU": 1})
+    assert sim.client_messages("no-worker") == []
+    assert sim.state.next_deadline() == WAIT
+    sim.end_wait()
+    assert [m["keys"] for m in sim.client_messages("no-worker")] == [["tpu-task"]]

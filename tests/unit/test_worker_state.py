@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from apportion.worker.state import Execute, Fetch, Instruction, Send, TellClients, WorkerState
 
-from apportion.serialize import dumps_exception, loads_value
+from apportion.serialize import dumps_exception, loads_exception, loads_value
 
 Message = dict[str, Any]
 
@@ -307,7 +307,13 @@ def test_after_the_scheduler_is_lost_results_and_runs_stay_and_unstarted_tasks_g
     node.finish("old", value="old result")
     assert node.sent == [] and node.state.data["old"] == "old result"
     report = node.state.registration_report()
-    assert report == {"op": "recover", "held": ["kept", "old"], "running": []}
+    old_size = len(pickle.dumps("old result"))
+    assert report == {
+        "op": "recover",
+        "held": {"kept": 0, "old": old_size},
+        "running": [],
+        "erred": [],
+    }
 
 
 def test_a_new_scheduler_hears_of_runs_in_threads_with_their_resources_then_of_their_ends() -> None:
@@ -317,7 +323,7 @@ def test_a_new_scheduler_hears_of_runs_in_threads_with_their_resources_then_of_t
     node.apply(node.state.cancel(8))  # cancelled while it runs: reported as such
     node.state.scheduler_lost()
     report = node.state.registration_report()
-    assert report["held"] == []
+    assert report["held"] == {}
     assert report["running"] == [
         {"key": "gpu", "run_id": 7, "resources": {"GPU": 2}, "cancelled": False},
         {"key": "plain", "run_id": 8, "resources": {}, "cancelled": True},
@@ -339,15 +345,51 @@ def test_freed_keys_still_needed_are_not_reported_as_held() -> None:
     node.fetched("d")
     node.state.free_keys(["d"])  # doomed: goes once t ends
     node.state.scheduler_lost()
-    assert node.state.registration_report()["held"] == []
+    assert node.state.registration_report()["held"] == {}
 
 
-def test_an_error_while_no_scheduler_listens_is_not_kept() -> None:
+def test_an_error_while_no_scheduler_listens_is_kept_for_the_next_one_once() -> None:
     node = Node()
     node.compute("bad")
     node.state.scheduler_lost()
     node.err("bad")
     assert node.sent == [] and "bad" not in node.state.data
+    (erred,) = node.state.registration_report()["erred"]
+    assert erred["key"] == "bad" and "bad failed" in erred["traceback"]
+    assert isinstance(loads_exception(erred["exception"], ""), ValueError)
+    assert node.state.registration_report()["erred"] == []  # handed over
+
+
+def test_a_new_scheduler_hears_the_sizes_of_results_computed_and_fetched() -> None:
+    node = Node()
+    node.compute("big")
+    node.finish("big", value="x" * 5000)
+    node.compute("t", deps={"d": ["peer"]})
+    node.apply(node.state.fetched("d", "y", node.state.epoch, 1234))
+    node.state.scheduler_lost()
+    held = node.state.registration_report()["held"]
+    assert held["big"] == len(pickle.dumps("x" * 5000)) and held["d"] == 1234
+
+
+def test_a_seceded_run_is_reported_as_it_stands() -> None:
+    from apportion.worker import secession
+
+    node = Node(nthreads=2, resources={"GPU": 1})
+    node.compute("kept", run_id=1)
+    node.compute("gave", run_id=2, resources={"GPU": 1})
+    # (Node's own ledger knows nothing of secession: the state's books only, here.)
+    secession.secede(node.state, node.running["kept"], release=False)
+    secession.secede(node.state, node.running["gave"], release=True)
+    waiting, _ = secession.rejoin(node.state, node.running["gave"])
+    assert waiting is not None and not waiting.granted  # asked the scheduler: lost with it
+    node.state.scheduler_lost()
+    runs = {run["key"]: run for run in node.state.registration_report()["running"]}
+    assert runs["kept"]["seceded"] and not runs["kept"]["released"]
+    assert runs["gave"]["released"] and runs["gave"]["reacquiring"]
+    secession.reacquired(node.state, 2)  # the new scheduler grants them: a thread is free
+    runs = {run["key"]: run for run in node.state.registration_report()["running"]}
+    assert "seceded" not in runs["gave"]  # rejoined, its GPU its own again
+    assert node.state.ledger.used["GPU"] == 1
 
 
 # ------------------------------------------------------------------ random walk
