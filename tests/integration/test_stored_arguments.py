@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from apportion.worker.stored import waiting_keys
 
 from apportion import Client, LocalCluster
-from apportion.worker.stored import waiting_keys
 
 WORKERS = [{"name": "a", "resources": {"A": 1}}, {"name": "b", "resources": {"B": 1}}]
 MB = 1_000_000
@@ -93,9 +93,7 @@ def test_the_same_argument_twice_is_stored_once(client: Client) -> None:
 
 def test_arguments_by_keyword_and_in_containers_are_stored(client: Client) -> None:
     arrays = [np.full(MB // 8, float(i)) for i in range(3)]
-    result = client.submit(
-        _weighted, arrays, weight=np.full(2 * MB // 8, 2.0), resources={"A": 1}
-    )
+    result = client.submit(_weighted, arrays, weight=np.full(2 * MB // 8, 2.0), resources={"A": 1})
     assert result.result(timeout=60) == pytest.approx(2 * (0 + 1 + 2) * (MB // 8))
     assert len(result._state.arguments) == 2
     assert client.check_invariants() == []

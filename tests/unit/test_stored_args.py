@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from apportion.worker.stored import StoredArguments
 
 from apportion.serialize import Pickled
 from apportion.stored_args import choose_holder, large_arguments, replace
-from apportion.worker.stored import StoredArguments
 
 
 class FakeFuture:
