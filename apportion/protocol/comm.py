@@ -67,7 +67,7 @@ class _LargeFrameReads(asyncio.BufferedProtocol):
         if comm._reader.large is None:  # whole: back to cutting frames from chunks
             assert comm.transport is not None
             comm.transport.set_protocol(comm)
-            comm._received()
+            comm.data_received(b"")  # hands the frame over, as for one cut from chunks
 
     def eof_received(self) -> bool | None:
         return self.comm.eof_received()
@@ -192,7 +192,11 @@ class Comm(asyncio.Protocol):
             return
         if reader.large is not None and self._direct_reads():
             return  # the rest of a large frame is read straight into its buffer
-        self._received()
+        if reader.frames:
+            self._wake()
+        if reader.waiting_bytes > READ_BACKLOG_BYTES and not self._paused and self.transport:
+            self._paused = True
+            self.transport.pause_reading()
 
     def _direct_reads(self) -> bool:
         """Read the rest of the large frame being filled straight from the socket into
@@ -202,15 +206,6 @@ class Comm(asyncio.Protocol):
             return False
         transport.set_protocol(_LargeFrameReads(self))
         return True
-
-    def _received(self) -> None:
-        """After bytes arrived: hand over whole frames, pause a peer outpacing us."""
-        reader = self._reader
-        if reader.frames:
-            self._wake()
-        if reader.waiting_bytes > READ_BACKLOG_BYTES and not self._paused and self.transport:
-            self._paused = True
-            self.transport.pause_reading()
 
     def _fail(self, error: Exception) -> None:
         # Without its traceback: the frames it names (this comm, the bytes that arrived)
