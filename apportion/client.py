@@ -8,6 +8,7 @@ scheduler once per loop tick, so ``submit`` in a loop costs little.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -37,13 +38,18 @@ from apportion.reprs import dashboard_link, summary_html
 from apportion.resources import format_resources, validate
 from apportion.restrictions import worker_restriction
 from apportion.serialize import (
+    OUT_OF_BAND_MIN_BYTES,
     FunctionPickleCache,
+    Payload,
+    content_token,
     dumps_args,
     loads_exception,
     loads_value,
     tokenize,
 )
+from apportion.stored_args import choose_holder, large_arguments, replace
 from apportion.worker.context import current_task_key
+from apportion.worker.stored import stored_argument
 
 logger = logging.getLogger("apportion.client")
 
@@ -127,6 +133,8 @@ class Client:
         # Impure keys: a random prefix per client and a counter (no uuid4 per task).
         self._key_prefix = uuid.uuid4().hex[:20]
         self._key_counter = itertools.count()
+        # Large arguments this client put on workers, by key: the worker holding each.
+        self._stored_on: dict[str, str] = {}
         self._closed = False
         # Set when the scheduler is lost for good (reconnecting gave up), with the reason.
         self._lost: str | None = None
@@ -275,6 +283,13 @@ class Client:
             raise TypeError(f"first argument must be callable, got {type(func).__name__}")
         func_bytes = self._functions.dumps(func)
         args_bytes, deps = dumps_args(tuple(args), dict(kwargs), Future)
+        arguments: tuple[Future, ...] = ()
+        if len(args_bytes) >= OUT_OF_BAND_MIN_BYTES:
+            threshold = int(config.get("client.store-argument-bytes"))
+            stored = self._store_arguments(args, kwargs, options, pure, threshold)
+            if stored is not None:
+                args, kwargs, arguments = stored
+                args_bytes, deps = dumps_args(tuple(args), dict(kwargs), Future)
         if key is None:
             name = prefix or getattr(func, "__name__", type(func).__name__)
             if pure:
@@ -323,12 +338,70 @@ class Client:
                 # The lineage a new scheduler needs after a restart (apportion/lineage.py).
                 state = states[key] = FutureState(key)
                 state.spec = spec
+                if arguments:
+                    state.arguments = arguments
                 if deps:
                     state.deps = [states[dep] for dep in deps if dep in states]
             else:
                 state = known  # type: ignore[assignment]
         future = Future(key, self, state)
         return (spec if fresh else None), future
+
+    def _store_arguments(
+        self, args: Any, kwargs: dict, options: dict[str, Any], pure: bool, threshold: int
+    ) -> tuple[tuple, dict, tuple[Future, ...]] | None:
+        """Put the arguments pickling to ``threshold`` bytes or more on a worker that can
+        run the task, each as a future of its own (apportion/stored_args.py); returns the
+        arguments with those futures in their place. None: they go with the task (none
+        is that large, no connected worker could run the task, or called on the I/O
+        thread, which cannot wait for the transfer)."""
+        if threading.current_thread() is self._io.thread:
+            return None
+        found = large_arguments(tuple(args), dict(kwargs), threshold, Future)
+        if not found:
+            return None
+        workers = self._request({"op": "info"})["workers"]  # (AsyncClient's info is a coroutine)
+        holder = choose_holder(workers, options["resources"], options)
+        if holder is None:
+            return None
+        futures: dict[int | str, Future] = {}
+        for position, value, payload in found:
+            token = (
+                content_token(payload)
+                if pure
+                else f"{self._key_prefix}{next(self._key_counter):012x}"
+            )
+            key = f"{type(value).__name__}-{token}"
+            with self._lock:
+                known = self._states.get(key)
+            if known is not None and known.status != "cancelled":
+                futures[position] = Future(key, self, known)  # stored already: once is enough
+                continue
+            try:
+                self._io.run(self._put(holder, key, payload))
+            except (OSError, CommClosedError) as exc:
+                logger.info(
+                    "could not store an argument on %s, sending it with the task: %s", holder, exc
+                )
+                return None
+            with self._lock:
+                self._stored_on[key] = holder
+            take = self._options({}, 0, options["priority"], holder)
+            spec, future = self._prepare(stored_argument, (key,), {}, key, True, take)
+            if spec is not None:
+                self._enqueue([spec])  # before the task that depends on it
+            futures[position] = future
+        new_args, new_kwargs = replace(tuple(args), dict(kwargs), futures)
+        return new_args, new_kwargs, tuple(futures.values())
+
+    async def _put(self, address: str, key: str, payload: Payload) -> None:
+        reply = await self._pool.request(address, {"op": "put-data", "key": key, "data": payload})
+        if reply.get("op") != "stored":
+            raise OSError(f"worker {address} did not store {key!r}: {reply!r}")
+
+    def _drop_stored(self, key: str, holder: str) -> None:
+        """On the loop: a stored argument's future was released before its task took it."""
+        self._pool.send_if_open(holder, {"op": "drop-data", "keys": [key]})
 
     @staticmethod
     def _limit() -> int:
@@ -767,9 +840,14 @@ class Client:
                 self._refs[key] = refs
                 return
             self._refs.pop(key, None)
-            self._states.pop(key, None)
+            state = self._states.pop(key, None)
             if self._closed or self._lost:
                 return
+            if self._stored_on:
+                holder = self._stored_on.pop(key, None)
+                if holder is not None and state is not None and state.status == "pending":
+                    with contextlib.suppress(RuntimeError):  # the loop is closed
+                        self._io.loop.call_soon_threadsafe(self._drop_stored, key, holder)
             # Queued in order with everything else, without waking the loop (see _tick);
             # consecutive releases share one message.
             last = self._outgoing[-1] if self._outgoing else None

@@ -138,6 +138,13 @@ SETTINGS: tuple[Setting, ...] = (
         "Results up to this many bytes travel with the completion message.",
     ),
     Setting(
+        "client.store-argument-bytes",
+        "integer",
+        1024 * 1024,
+        "A submitted argument pickling to this many bytes or more is stored on a worker "
+        "that can run the task, straight from the client, not sent through the scheduler.",
+    ),
+    Setting(
         "client.direct-results",
         "boolean",
         True,

@@ -28,6 +28,7 @@ class FutureState:
         "_event",
         "_reason",
         "_value",
+        "arguments",
         "callbacks",
         "data",
         "deps",
@@ -61,6 +62,10 @@ class FutureState:
         # message the task was submitted with, and the states of its dependencies.
         self.spec: dict[str, Any] | None = None
         self.deps: list[FutureState] = _NO_DEPS
+
+    # Set only for a task with large arguments stored on a worker (apportion/stored_args.py):
+    # their futures, held as long as this state, so that released means freed.
+    arguments: tuple[Any, ...]
 
     # Called on the client's event-loop thread.
     def finish(self, who_has: list[str], nbytes: int, data: bytes | None) -> None:

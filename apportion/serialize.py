@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
+import xxhash
 
 from apportion.errors import RemoteTraceback
 
@@ -308,4 +309,13 @@ def tokenize(*parts: Payload) -> str:
                 digest.update(piece)
         else:
             digest.update(part)
+    return digest.hexdigest()
+
+
+def content_token(payload: Payload) -> str:
+    """A hash of a large pickle's bytes (xxh3, 128 bits): the key of a stored argument,
+    at memory speed, for payloads too large for ``tokenize``'s cryptographic hash."""
+    digest = xxhash.xxh3_128()
+    for piece in payload.parts() if isinstance(payload, Pickled) else [payload]:
+        digest.update(piece)
     return digest.hexdigest()

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from apportion.worker import output, secession, uploads
+from apportion.worker import output, secession, stored, uploads
 from apportion.worker.context import TaskInfo, WorkerInfo, set_current
 from apportion.worker.state import (
     Execute,
@@ -102,6 +102,8 @@ class Worker:
         # scheduler's hop (it hears too, and tells only the clients not told).
         self.clients: dict[str, Comm] = {}
         self.listener = Listener(self._serve_peer, token, roles=("peer", "client"))
+        # Large arguments clients put here for their tasks (worker/stored.py).
+        self.stored = stored.StoredArguments()
         self.scheduler: Comm | None = None
         self.address = ""
         # Room for the message around a result that must still fit in one frame.
@@ -130,6 +132,7 @@ class Worker:
         )
         self.address = format_address(contact, port)
         self.name = self.state.name = self.name or self.address
+        stored.stores[self.address] = self.stored
         await self._connect()
         interval = float(config.get("worker.heartbeat-interval")) * 1000
         self._heartbeat = PeriodicCallback(self._send_heartbeat, interval)
@@ -216,6 +219,8 @@ class Worker:
             self.scheduler.close(reason)
         self.listener.close_all()
         self.peers.close()
+        if stored.stores.get(self.address) is self.stored:
+            del stored.stores[self.address]
         for _ in self._threads:
             self._jobs.put(None)  # each thread stops after the runs already handed to it
         self.finished.set()
@@ -539,16 +544,36 @@ class Worker:
             self.clients[client] = comm
         try:
             while True:
-                for message in await comm.read():
-                    if message["op"] != "get-data":
-                        raise ProtocolError(f"unknown peer operation {message['op']!r}")
-                    comm.send(self._data_reply(message))
+                messages = await comm.read()
+                for message in messages:
+                    op = message["op"]
+                    if op == "get-data":
+                        comm.send(self._data_reply(message))
+                    elif op == "put-data" and hello["role"] == "client":
+                        self._store(comm, message)
+                    elif op == "drop-data" and hello["role"] == "client":
+                        self.stored.drop(message["keys"])
+                    else:
+                        raise ProtocolError(f"unknown {hello['role']} operation {op!r}")
+                # Not kept while waiting for the next frame: a stored argument's frame is
+                # freed once its value is.
+                del messages, message
         except (CommClosedError, ProtocolError, KeyError, TypeError) as exc:
             if not isinstance(exc, CommClosedError):
                 logger.warning("closing peer connection from %s: %r", comm.peer, exc)
         finally:
+            self.stored.drop_from(comm)
             if client is not None and self.clients.get(client) is comm:
                 del self.clients[client]
+
+    def _store(self, comm: Comm, message: Message) -> None:
+        """A client's large argument, kept until its task takes it (worker/stored.py).
+        Loaded as views of the received frame: not copied."""
+        key = message["key"]
+        if not isinstance(key, str):
+            raise TypeError(f"put-data needs a string key, got {key!r}")
+        self.stored.put(key, loads_value(message["data"]), owner=comm)
+        comm.send({"op": "stored", "id": message.get("id"), "key": key})
 
     def _data_reply(self, request: Message) -> Message:
         """Results for a peer or client. Pickled here and not kept: the reply leaves this

@@ -50,6 +50,38 @@ class CommClosedError(ApportionError, ConnectionError):
     """The connection is closed (by us, the peer, or a protocol violation)."""
 
 
+class _LargeFrameReads(asyncio.BufferedProtocol):
+    """A connection's protocol while the rest of a large frame arrives: the event loop
+    reads from the socket straight into the frame's buffer, then hands the connection
+    back to its Comm."""
+
+    def __init__(self, comm: Comm) -> None:
+        self.comm = comm
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.comm._reader.large_room()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        comm = self.comm
+        comm._reader.large_written(nbytes)
+        if comm._reader.large is None:  # whole: back to cutting frames from chunks
+            assert comm.transport is not None
+            comm.transport.set_protocol(comm)
+            comm.data_received(b"")  # hands the frame over, as for one cut from chunks
+
+    def eof_received(self) -> bool | None:
+        return self.comm.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.comm.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.comm.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.comm.resume_writing()
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """``"tcp://host:port"``, ``"tls://host:port"`` or ``"host:port"`` to ``(host, port)``."""
     text = address.split("://", 1)[1] if "://" in address else address
@@ -158,11 +190,22 @@ class Comm(asyncio.Protocol):
         except ProtocolError as exc:
             self._fail(exc)
             return
+        if reader.large is not None and self._direct_reads():
+            return  # the rest of a large frame is read straight into its buffer
         if reader.frames:
             self._wake()
         if reader.waiting_bytes > READ_BACKLOG_BYTES and not self._paused and self.transport:
             self._paused = True
             self.transport.pause_reading()
+
+    def _direct_reads(self) -> bool:
+        """Read the rest of the large frame being filled straight from the socket into
+        its buffer (no chunk objects, no copy from them), on a plain TCP connection."""
+        transport = self.transport
+        if transport is None or transport.get_extra_info("sslcontext") is not None:
+            return False
+        transport.set_protocol(_LargeFrameReads(self))
+        return True
 
     def _fail(self, error: Exception) -> None:
         # Without its traceback: the frames it names (this comm, the bytes that arrived)

@@ -43,8 +43,9 @@ class FrameReader:
         # What the next frame header is checked against.
         self._limit = max_frame if handshake_limit is None else handshake_limit
         self._partial = bytearray()  # the start of a frame not yet whole
-        self._large: mmap.mmap | None = None  # a large frame being filled
-        self._large_length = 0  # what its header announced
+        # A large frame being filled (the connection may read into it directly: large_room).
+        self.large: mmap.mmap | None = None
+        self.large_length = 0  # what its header announced
         self._filled = 0  # how much of it arrived
 
     @property
@@ -61,10 +62,10 @@ class FrameReader:
         """Drop the frame not yet whole (the stream ended or failed: it never will be);
         whole frames stay to be read."""
         self._partial = bytearray()
-        self._large = None
+        self.large = None
 
     def feed(self, data: bytes) -> None:
-        if self._large is not None:
+        if self.large is not None:
             data = self._fill_large(data)
             if not data:
                 return
@@ -98,9 +99,9 @@ class FrameReader:
             if end > size:
                 if length >= LARGE_FRAME_BYTES:
                     arrived = view[start + HEADER_BYTES :]
-                    self._large = mmap.mmap(-1, length)
-                    self._large[: len(arrived)] = arrived
-                    self._large_length, self._filled = length, len(arrived)
+                    self.large = mmap.mmap(-1, length)
+                    self.large[: len(arrived)] = arrived
+                    self.large_length, self._filled = length, len(arrived)
                     start = size
                 break
             self._queue(view[start + HEADER_BYTES : end])
@@ -113,15 +114,26 @@ class FrameReader:
 
     def _fill_large(self, data: bytes) -> bytes:
         """Append to the large frame being filled; returns the bytes past its end."""
-        large = self._large
+        large = self.large
         assert large is not None
-        take = min(self._large_length - self._filled, len(data))
+        take = min(self.large_length - self._filled, len(data))
         large[self._filled : self._filled + take] = memoryview(data)[:take]
         self._filled += take
         self._complete_large()
         return data[take:]
 
+    def large_room(self) -> memoryview:
+        """The part of the large frame being filled that has not arrived yet: a socket
+        may read straight into it (then call ``large_written``)."""
+        assert self.large is not None
+        return memoryview(self.large)[self._filled : self.large_length]
+
+    def large_written(self, count: int) -> None:
+        """``count`` bytes were read into ``large_room()``."""
+        self._filled += count
+        self._complete_large()
+
     def _complete_large(self) -> None:
-        if self._large is not None and self._filled == self._large_length:
-            self._queue(memoryview(self._large))
-            self._large = None
+        if self.large is not None and self._filled == self.large_length:
+            self._queue(memoryview(self.large))
+            self.large = None

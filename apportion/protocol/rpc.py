@@ -72,6 +72,12 @@ class ConnectionPool:
             raise
         return await reply
 
+    def send_if_open(self, address: str, message: Message) -> None:
+        """A message needing no reply, on the connection to ``address`` if there is one."""
+        comm = self._comms.get(address)
+        if comm is not None and not comm.closed:
+            comm.send(message)
+
     async def _read_replies(self, address: str, comm: Comm) -> None:
         reason: Exception = CommClosedError(f"connection to {address} closed")
 

@@ -236,3 +236,37 @@ def test_serve_ends_with_a_protocol_error_for_a_malformed_frame_and_closes() -> 
         a.close()
 
     asyncio.run(main())
+
+
+def test_large_frames_are_read_straight_into_their_buffer_between_small_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from apportion.serialize import Pickled
+
+    read_directly: list[int] = []
+    updated = comm_module._LargeFrameReads.buffer_updated
+
+    def counting(self: comm_module._LargeFrameReads, nbytes: int) -> None:
+        read_directly.append(nbytes)
+        updated(self, nbytes)
+
+    monkeypatch.setattr(comm_module._LargeFrameReads, "buffer_updated", counting)
+
+    async def main() -> None:
+        sender, receiver = await _pair()
+        payloads = [bytes([i]) * (3_000_000 + i) for i in range(3)]
+        for i, payload in enumerate(payloads):
+            sender.send({"op": "small", "i": i})
+            sender.send_now([{"op": "big", "data": Pickled(b"h", [memoryview(payload)])}])
+            sender.send({"op": "after", "i": i})
+        got = await _read(receiver, 9)
+        assert [m["op"] for m in got] == ["small", "big", "after"] * 3
+        for message, payload in zip(got[1::3], payloads, strict=True):
+            assert bytes(message["data"].buffers[0]) == payload
+        # Most of each large frame went from the socket straight into its buffer, and the
+        # connection is its comm's again.
+        assert sum(read_directly) > 0.9 * sum(map(len, payloads))
+        assert receiver.transport is not None
+        assert receiver.transport.get_protocol() is receiver
+
+    asyncio.run(main())

@@ -100,7 +100,7 @@ def test_a_large_frame_buffer_grows_with_what_arrives_not_what_is_announced() ->
         tracemalloc.stop()
     assert peak < 16 * LARGE_FRAME_BYTES, f"peak {peak} bytes for 5 chunks of 256 KiB"
     reader.drop_incomplete()
-    assert reader._large is None and not reader.frames
+    assert reader.large is None and not reader.frames
 
 
 def _rss_bytes() -> int:
@@ -117,4 +117,4 @@ def test_the_memory_of_a_large_frame_grows_with_what_arrives() -> None:
     grown = _rss_bytes() - start
     assert grown < 16 * LARGE_FRAME_BYTES, f"RSS grew {grown} bytes for 1.25 MiB received"
     reader.drop_incomplete()
-    assert reader._large is None and not reader.frames
+    assert reader.large is None and not reader.frames

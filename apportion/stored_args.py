@@ -1,0 +1,82 @@
+"""Large submitted arguments go from the client straight to a worker, not through the
+scheduler (the decisions; the client carries them out).
+
+A task argument pickling to ``client.store-argument-bytes`` or more is put on a worker
+that could run the task (it has the task's resources, and is one of its ``workers=``)
+as data of its own key, a hash of its bytes. A small task of that key, restricted to
+that worker, turns it into a result there (worker/stored.py), and the submitted task
+depends on it like on any future: the scheduler sees only keys. The argument is freed
+with the task's future (the task's state holds the argument's future).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apportion.serialize import Payload, dumps_data
+
+# Where an argument sits: its index among the positional arguments, or its keyword.
+Position = int | str
+
+
+def large_arguments(
+    args: tuple, kwargs: dict, threshold: int, future_type: type
+) -> list[tuple[Position, Any, Payload]]:
+    """The arguments pickling to ``threshold`` bytes or more, with their pickles. Those
+    holding futures stay with the task (their futures must stay its dependencies)."""
+    found: list[tuple[Position, Any, Payload]] = []
+    positions: list[tuple[Position, Any]] = [*enumerate(args), *kwargs.items()]
+    for position, value in positions:
+        if isinstance(value, future_type) or _holds(value, future_type):
+            continue
+        try:
+            payload = dumps_data(value)
+        except Exception:
+            continue  # the task's own pickling reports it
+        if len(payload) >= threshold:
+            found.append((position, value, payload))
+    return found
+
+
+def _holds(value: Any, future_type: type) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, future_type):
+            return True
+        if isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return False
+
+
+def replace(args: tuple, kwargs: dict, by: dict[Position, Any]) -> tuple[tuple, dict]:
+    """``args`` and ``kwargs`` with the arguments at these positions replaced."""
+    new_args = tuple(by.get(i, value) for i, value in enumerate(args))
+    new_kwargs = {name: by.get(name, value) for name, value in kwargs.items()}
+    return new_args, new_kwargs
+
+
+def choose_holder(
+    workers: dict[str, dict[str, Any]], demand: dict[str, float], options: dict[str, Any]
+) -> str | None:
+    """The address of the worker to hold a task's large argument: one that could run the
+    task (its totals cover ``demand``, it is not retiring, and it is among ``workers=``
+    unless other workers are allowed, preferred if they are), the least busy of them.
+    None when no connected worker could."""
+    named = set(options.get("workers") or ())
+    strict = bool(named) and not options.get("allow_other_workers")
+    candidates = []
+    for address, info in workers.items():
+        if info.get("retiring"):
+            continue
+        totals = info.get("resources") or {}
+        if any(totals.get(name, 0) < amount for name, amount in demand.items()):
+            continue
+        listed = address in named or info.get("name") in named
+        if strict and not listed:
+            continue
+        rank = (not listed, info.get("processing", 0), info.get("nbytes", 0), address)
+        candidates.append((rank, address))
+    return min(candidates)[1] if candidates else None

@@ -1,0 +1,120 @@
+"""Large submitted arguments travel from the client straight to a worker that can run the
+task, never through the scheduler's memory, and are freed with the task's future."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from apportion.worker.stored import waiting_keys
+
+from apportion import Client, LocalCluster
+
+WORKERS = [{"name": "a", "resources": {"A": 1}}, {"name": "b", "resources": {"B": 1}}]
+MB = 1_000_000
+
+
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1e3
+    raise LookupError(field)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (MB)."""
+    return _status_mb("VmHWM")
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (MB)."""
+    return _status_mb("VmRSS")
+
+
+def held_bytes(client: Client) -> dict[str, int]:
+    return {w["name"]: w["nbytes"] for w in client.scheduler_info()["workers"].values()}
+
+
+def wait_until(condition, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Client]:
+    with LocalCluster(workers=WORKERS) as cluster, Client(cluster) as client:
+        yield client
+
+
+def test_a_large_argument_goes_to_a_worker_and_not_through_the_scheduler(
+    client: Client,
+) -> None:
+    before = client.run_on_scheduler(peak_rss_mb)
+    argument = np.random.default_rng(1).random(400 * MB // 8)
+    total = client.submit(np.sum, argument, resources={"B": 1})
+    assert total.result(timeout=120) == pytest.approx(argument.sum())
+    # The scheduler saw keys only: its peak memory grew by far less than the argument.
+    assert client.run_on_scheduler(peak_rss_mb) - before < 50
+    # Stored on b, the one worker with the task's resources, as a result of its own.
+    held = held_bytes(client)
+    assert held["b"] >= 400 * MB
+    assert held["a"] < MB
+    # Released means freed: the worker's memory gives the argument back.
+    b = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "b")
+    holding = client.run(rss_mb)[b]
+    del total
+    gc.collect()
+    wait_until(lambda: held_bytes(client)["b"] < MB)
+    wait_until(lambda: client.run(rss_mb)[b] < holding - 300)
+    assert client.run(waiting_keys) == {address: [] for address in client.run(waiting_keys)}
+    assert client.check_invariants() == []
+
+
+def test_the_same_argument_twice_is_stored_once(client: Client) -> None:
+    argument = np.arange(2 * MB // 8, dtype="f8")
+    first = client.submit(np.sum, argument, resources={"A": 1})
+    second = client.submit(np.max, argument, resources={"A": 1})
+    assert first.result(timeout=60) == argument.sum()
+    assert second.result(timeout=60) == argument.max()
+    assert first._state.arguments[0].key == second._state.arguments[0].key
+    held = held_bytes(client)
+    assert 2 * MB <= held["a"] < 3 * MB
+    del first, second
+    gc.collect()
+    wait_until(lambda: held_bytes(client)["a"] < MB)
+
+
+def test_arguments_by_keyword_and_in_containers_are_stored(client: Client) -> None:
+    arrays = [np.full(MB // 8, float(i)) for i in range(3)]
+    result = client.submit(_weighted, arrays, weight=np.full(2 * MB // 8, 2.0), resources={"A": 1})
+    assert result.result(timeout=60) == pytest.approx(2 * (0 + 1 + 2) * (MB // 8))
+    assert len(result._state.arguments) == 2
+    assert client.check_invariants() == []
+
+
+def _weighted(arrays: list[np.ndarray], weight: np.ndarray) -> float:
+    return float(sum(a.sum() for a in arrays) * weight[0])
+
+
+def test_small_arguments_and_futures_still_travel_with_the_task(client: Client) -> None:
+    made = client.submit(np.ones, 2 * MB // 8, resources={"A": 1})
+    total = client.submit(np.sum, made, resources={"B": 1})
+    assert total.result(timeout=60) == 2 * MB // 8
+    assert not hasattr(total._state, "arguments")
+    small = client.submit(np.sum, np.ones(1000), resources={"B": 1})
+    assert small.result(timeout=60) == 1000
+    assert not hasattr(small._state, "arguments")
+
+
+def test_with_no_fitting_worker_the_argument_goes_with_the_task(client: Client) -> None:
+    argument = np.ones(2 * MB // 8)
+    waiting = client.submit(np.sum, argument, resources={"C": 1})
+    assert not hasattr(waiting._state, "arguments")
+    client.cancel([waiting])
