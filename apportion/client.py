@@ -353,9 +353,10 @@ class Client:
         """Put the arguments pickling to ``threshold`` bytes or more on a worker that can
         run the task, each as a future of its own (apportion/stored_args.py); returns the
         arguments with those futures in their place. None: they go with the task (none
-        is that large, no connected worker could run the task, or called on the I/O
-        thread, which cannot wait for the transfer)."""
-        if threading.current_thread() is self._io.thread:
+        is that large, no connected worker could run the task, called on the I/O thread,
+        which cannot wait for the transfer, or by an AsyncClient, whose caller's event
+        loop must not wait for it either)."""
+        if self.asynchronous or threading.current_thread() is self._io.thread:
             return None
         found = large_arguments(tuple(args), dict(kwargs), threshold, Future)
         if not found:

@@ -98,3 +98,18 @@ def test_await_future_works_with_the_synchronous_client_too(client: Client) -> N
         return int(await future)
 
     assert run(main()) == 10
+
+
+def test_a_large_argument_from_an_async_client_never_blocks_its_loop(
+    seed_cluster: LocalCluster,
+) -> None:
+    # A synchronous client puts a large argument on a worker first and waits for it; an
+    # async client's submit must return at once, so the argument goes with the task.
+    payload = b"x" * (4 << 20)
+
+    async def main() -> tuple[int, dict[str, str]]:
+        async with Client(seed_cluster, asynchronous=True) as client:
+            future = client.submit(len, payload)
+            return await future, dict(client._stored_on)
+
+    assert run(main()) == (len(payload), {})
