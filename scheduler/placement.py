@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -163,13 +164,18 @@ class _ShapeQueue:
     always at its own seq, so the first copy met is the one taken.
     """
 
-    __slots__ = ("lanes", "order", "top", "top_priority")
+    __slots__ = ("lanes", "order", "passed_lane", "passed_seq", "top", "top_priority")
 
     def __init__(self, priority: int) -> None:
         self.top: deque[TaskState] = deque()
         self.top_priority = priority
         self.lanes: dict[int, deque[TaskState]] = {priority: self.top}
         self.order: list[int] = [-priority]  # heap of -priority: lanes, most urgent first
+        # Where first_unreserved stopped: in lane ``passed_lane``, no entry up to seq
+        # ``passed_seq`` is a candidate for a reservation (each holds one already, or left
+        # the queue). Reset when that stops being true (see ReadyQueues.unreserved).
+        self.passed_lane: deque[TaskState] | None = None
+        self.passed_seq = 0
 
     def lane(self, priority: int) -> deque[TaskState]:
         lane = self.lanes.get(priority)
@@ -202,10 +208,28 @@ class _ShapeQueue:
         reservation leave the queue that way, and pop_for may not reach them soon."""
         if self.head() is None:
             return None
+        # The reserved tasks at the front of the most urgent lane are passed over once, not
+        # at every call: the scan resumes after the last entry it passed.
+        top = self.top
+        start = 0
+        if self.passed_lane is top:
+            start = bisect.bisect_right(top, self.passed_seq, key=_seq)
+        passed = 0
+        found: TaskState | None = None
+        for ts in itertools.islice(top, start, None):
+            if ts.state == "queued" and ts.reserved_on is None:
+                found = ts
+                break
+            passed = ts.seq
+        if passed:
+            self.passed_lane, self.passed_seq = top, passed
+        if found is not None:
+            return found
         for priority in sorted(self.lanes, reverse=True):
-            for ts in self.lanes[priority]:
-                if ts.state == "queued" and ts.reserved_on is None:
-                    return ts
+            if priority != self.top_priority:
+                for ts in self.lanes[priority]:
+                    if ts.state == "queued" and ts.reserved_on is None:
+                        return ts
         return None
 
     def live(self) -> list[TaskState]:
@@ -234,10 +258,21 @@ class ReadyQueues:
             queue = self.by_shape[ts.shape] = _ShapeQueue(ts.priority)
             self.version += 1
         lane = queue.top if ts.priority == queue.top_priority else queue.lane(ts.priority)
-        if not lane or lane[-1].seq < ts.seq:
+        if lane and lane[-1].seq < ts.seq:
             lane.append(ts)
+        elif not lane:
+            lane.append(ts)
+            queue.passed_lane = None  # any seq may come: first_unreserved starts over
         else:  # back in the queue after newer tasks (a lost worker's run): keep seq order
             bisect.insort(lane, ts, key=_seq)
+            if ts.seq <= queue.passed_seq:
+                queue.passed_lane = None  # a candidate among the entries first_unreserved passed
+
+    def unreserved(self, ts: TaskState) -> None:
+        """``ts``, still queued, lost its reservation: a candidate for one again."""
+        queue = self.by_shape.get(ts.shape)
+        if queue is not None:
+            queue.passed_lane = None
 
     def next_to_reserve(self, ws: WorkerState) -> TaskState | None:
         """The most urgent queued task of a reserving shape, not yet reserved, that ``ws``
