@@ -84,7 +84,11 @@ def outranks(ts: TaskState, other: TaskState) -> bool:
 def missing_units(shape: Shape, ws: WorkerState) -> float:
     """How many units of ``shape`` are not free on ``ws`` now (0: it could start there)."""
     free = ws.free
-    return sum(amount - free[name] for name, amount in shape if free[name] < amount)
+    missing = 0.0
+    for name, amount in shape:
+        if free[name] < amount:
+            missing += amount - free[name]
+    return missing
 
 
 def reserving_shapes(shapes: Iterable[Shape]) -> set[Shape]:
@@ -122,10 +126,12 @@ def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerSta
         if ws.slots == 0:
             continue
         holder = ws.reserved_for
-        if holder is not None and not outranks(ts, holder):
-            continue
-        # Units held for the task being displaced come free for ``ts``.
-        key = (missing_units(ts.shape, ws) - sum(ws.held.values()), len(ws.processing))
+        missing = missing_units(ts.shape, ws)
+        if holder is not None:
+            if not outranks(ts, holder):
+                continue
+            missing -= sum(ws.held.values())  # held for the task displaced: free for ``ts``
+        key = (missing, len(ws.processing))
         if best is None or key < best_key:
             best, best_key = ws, key
     return best
@@ -279,12 +285,14 @@ class ReadyQueues:
         fits."""
         best: TaskState | None = None
         fitting, reserving = ws.fitting_shapes, self.reserving
+        emptied = False
         for shape, queue in self.by_shape.items():
             if shape in reserving and shape in fitting:
                 ts = queue.first_unreserved()
                 if ts is not None and (best is None or outranks(ts, best)):
                     best = ts
-        if any(not queue.order for queue in self.by_shape.values()):
+                emptied = emptied or not queue.order
+        if emptied:
             self._drop_empty()
         return best
 
@@ -333,7 +341,11 @@ class ReadyQueues:
             self._drop_empty()
         if best is None or best_queue is None:
             return None
-        if before is not None and not outranks(best, before):
+        if before is not None and (  # outranks(best, before), inlined
+            best.priority < before.priority
+            if best.priority != before.priority
+            else best.seq >= before.seq
+        ):
             return None
         best_queue.top.popleft()
         return best
