@@ -126,11 +126,13 @@ def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerSta
         if ws.slots == 0:
             continue
         holder = ws.reserved_for
-        missing = missing_units(ts.shape, ws)
-        if holder is not None:
-            if not outranks(ts, holder):
-                continue
-            missing -= sum(ws.held.values())  # held for the task displaced: free for ``ts``
+        if holder is None:
+            missing = missing_units(ts.shape, ws)
+        elif outranks(ts, holder):
+            # Units held for the task being displaced come free for ``ts``.
+            missing = missing_units(ts.shape, ws) - sum(ws.held.values())
+        else:
+            continue
         key = (missing, len(ws.processing))
         if best is None or key < best_key:
             best, best_key = ws, key

@@ -740,14 +740,16 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         holder = ws.reserved_for
         assert holder is not None
         free, used, total = ws.free, ws.used, ws.total
-        for name in ws.held:  # let go for now (held again by _serve, below)
+        for name in ws.held:  # let go for now (held again below)
             free[name] = total[name] - used[name]
-        while len(ws.processing) < ws.slots:
-            ts = self.ready.pop_for(ws, before=holder)
+        processing, ready = ws.processing, self.ready
+        while len(processing) < ws.slots:
+            ts = ready.pop_for(ws, holder)
             if ts is None:
                 break
             self._assign(ts, ws)
-        self._serve(ws)
+        if self._hold(ws) and len(processing) < ws.slots:  # self._serve(ws), inlined
+            self._assign(holder, ws)
 
     def _reserve(self, ts: TaskState) -> None:
         """Reserve a worker for ``ts``, queued with resources, if one can be had."""
@@ -807,9 +809,10 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if available < amount - 1e-9:
                 complete = False
                 held[name] = available
+                free[name] = 0.0
             else:
                 held[name] = amount
-            free[name] = available - held[name]
+                free[name] = available - amount
         return complete
 
     def _serve(self, ws: WorkerState) -> None:
