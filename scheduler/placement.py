@@ -129,9 +129,7 @@ def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerSta
         if holder is None:
             missing = missing_units(ts.shape, ws)
         elif (  # outranks(ts, holder), inlined: most workers are reserved under load
-            ts.priority > holder.priority
-            if ts.priority != holder.priority
-            else ts.seq < holder.seq
+            ts.priority > holder.priority if ts.priority != holder.priority else ts.seq < holder.seq
         ):
             # Units held for the task being displaced come free for ``ts``.
             missing = missing_units(ts.shape, ws) - sum(ws.held.values())
