@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -83,7 +84,11 @@ def outranks(ts: TaskState, other: TaskState) -> bool:
 def missing_units(shape: Shape, ws: WorkerState) -> float:
     """How many units of ``shape`` are not free on ``ws`` now (0: it could start there)."""
     free = ws.free
-    return sum(amount - free[name] for name, amount in shape if free[name] < amount)
+    missing = 0.0
+    for name, amount in shape:
+        if free[name] < amount:
+            missing += amount - free[name]
+    return missing
 
 
 def reserving_shapes(shapes: Iterable[Shape]) -> set[Shape]:
@@ -121,10 +126,16 @@ def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerSta
         if ws.slots == 0:
             continue
         holder = ws.reserved_for
-        if holder is not None and not outranks(ts, holder):
+        if holder is None:
+            missing = missing_units(ts.shape, ws)
+        elif (  # outranks(ts, holder), inlined: most workers are reserved under load
+            ts.priority > holder.priority if ts.priority != holder.priority else ts.seq < holder.seq
+        ):
+            # Units held for the task being displaced come free for ``ts``.
+            missing = missing_units(ts.shape, ws) - sum(ws.held.values())
+        else:
             continue
-        # Units held for the task being displaced come free for ``ts``.
-        key = (missing_units(ts.shape, ws) - sum(ws.held.values()), len(ws.processing))
+        key = (missing, len(ws.processing))
         if best is None or key < best_key:
             best, best_key = ws, key
     return best
@@ -163,13 +174,18 @@ class _ShapeQueue:
     always at its own seq, so the first copy met is the one taken.
     """
 
-    __slots__ = ("lanes", "order", "top", "top_priority")
+    __slots__ = ("lanes", "order", "passed_lane", "passed_seq", "top", "top_priority")
 
     def __init__(self, priority: int) -> None:
         self.top: deque[TaskState] = deque()
         self.top_priority = priority
         self.lanes: dict[int, deque[TaskState]] = {priority: self.top}
         self.order: list[int] = [-priority]  # heap of -priority: lanes, most urgent first
+        # Where first_unreserved stopped: in lane ``passed_lane``, no entry up to seq
+        # ``passed_seq`` is a candidate for a reservation (each holds one already, or left
+        # the queue). Reset when that stops being true (see ReadyQueues.unreserved).
+        self.passed_lane: deque[TaskState] | None = None
+        self.passed_seq = 0
 
     def lane(self, priority: int) -> deque[TaskState]:
         lane = self.lanes.get(priority)
@@ -202,10 +218,28 @@ class _ShapeQueue:
         reservation leave the queue that way, and pop_for may not reach them soon."""
         if self.head() is None:
             return None
+        # The reserved tasks at the front of the most urgent lane are passed over once, not
+        # at every call: the scan resumes after the last entry it passed.
+        top = self.top
+        start = 0
+        if self.passed_lane is top:
+            start = bisect.bisect_right(top, self.passed_seq, key=_seq)
+        passed = 0
+        found: TaskState | None = None
+        for ts in itertools.islice(top, start, None):
+            if ts.state == "queued" and ts.reserved_on is None:
+                found = ts
+                break
+            passed = ts.seq
+        if passed:
+            self.passed_lane, self.passed_seq = top, passed
+        if found is not None:
+            return found
         for priority in sorted(self.lanes, reverse=True):
-            for ts in self.lanes[priority]:
-                if ts.state == "queued" and ts.reserved_on is None:
-                    return ts
+            if priority != self.top_priority:
+                for ts in self.lanes[priority]:
+                    if ts.state == "queued" and ts.reserved_on is None:
+                        return ts
         return None
 
     def live(self) -> list[TaskState]:
@@ -234,22 +268,35 @@ class ReadyQueues:
             queue = self.by_shape[ts.shape] = _ShapeQueue(ts.priority)
             self.version += 1
         lane = queue.top if ts.priority == queue.top_priority else queue.lane(ts.priority)
-        if not lane or lane[-1].seq < ts.seq:
+        if lane and lane[-1].seq < ts.seq:
             lane.append(ts)
+        elif not lane:
+            lane.append(ts)
+            queue.passed_lane = None  # any seq may come: first_unreserved starts over
         else:  # back in the queue after newer tasks (a lost worker's run): keep seq order
             bisect.insort(lane, ts, key=_seq)
+            if ts.seq <= queue.passed_seq:
+                queue.passed_lane = None  # a candidate among the entries first_unreserved passed
+
+    def unreserved(self, ts: TaskState) -> None:
+        """``ts``, still queued, lost its reservation: a candidate for one again."""
+        queue = self.by_shape.get(ts.shape)
+        if queue is not None:
+            queue.passed_lane = None
 
     def next_to_reserve(self, ws: WorkerState) -> TaskState | None:
         """The most urgent queued task of a reserving shape, not yet reserved, that ``ws``
         fits."""
         best: TaskState | None = None
         fitting, reserving = ws.fitting_shapes, self.reserving
+        emptied = False
         for shape, queue in self.by_shape.items():
             if shape in reserving and shape in fitting:
                 ts = queue.first_unreserved()
                 if ts is not None and (best is None or outranks(ts, best)):
                     best = ts
-        if any(not queue.order for queue in self.by_shape.values()):
+                emptied = emptied or not queue.order
+        if emptied:
             self._drop_empty()
         return best
 
@@ -298,7 +345,11 @@ class ReadyQueues:
             self._drop_empty()
         if best is None or best_queue is None:
             return None
-        if before is not None and not outranks(best, before):
+        if before is not None and (  # outranks(best, before), inlined
+            best.priority < before.priority
+            if best.priority != before.priority
+            else best.seq >= before.seq
+        ):
             return None
         best_queue.top.popleft()
         return best

@@ -665,12 +665,12 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         processing[run_id] = ts
         shape = ts.shape
         if shape:
-            used, free, total = ws.used, ws.free, ws.total
+            # free stays total - used - held: a task takes only units free now, so what a
+            # reservation holds here stays available to it (no need to hold again).
+            used, free = ws.used, ws.free
             for name, amount in shape:
                 used[name] += amount
-                free[name] = total[name] - used[name]
-            if ws.reserved_for is not None:
-                self._hold(ws)
+                free[name] -= amount
         # The run is booked before the transition: a reservation ``ts`` gives up passes on
         # from there, and may start its next holder here at once.
         ts.processing_on = ws
@@ -757,15 +757,16 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         holder = ws.reserved_for
         assert holder is not None
         free, used, total = ws.free, ws.used, ws.total
-        for name in ws.held:
+        for name in ws.held:  # let go for now (held again below)
             free[name] = total[name] - used[name]
-        ws.held = {}
-        while len(ws.processing) < ws.slots:
-            ts = self.ready.pop_for(ws, before=holder)
+        processing, ready = ws.processing, self.ready
+        while len(processing) < ws.slots:
+            ts = ready.pop_for(ws, holder)
             if ts is None:
                 break
-            self._assign(ts, ws)  # holds again what is left for the holder
-        self._serve(ws)
+            self._assign(ts, ws)
+        if self._hold(ws) and len(processing) < ws.slots:  # self._serve(ws), inlined
+            self._assign(holder, ws)
 
     def _reserve(self, ts: TaskState) -> None:
         """Reserve a worker for ``ts``, queued with resources, if one can be had."""
@@ -797,6 +798,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         ts.reserved_on = None
         ws.reserved_for = None
         del self.reserved[ws]
+        if ts.state == "queued":  # still waiting: a candidate for a reservation again
+            self.ready.unreserved(ts)
         free, used, total = ws.free, ws.used, ws.total
         for name in ws.held:
             free[name] = total[name] - used[name]
@@ -823,9 +826,10 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if available < amount - 1e-9:
                 complete = False
                 held[name] = available
+                free[name] = 0.0
             else:
                 held[name] = amount
-            free[name] = available - held[name]
+                free[name] = available - amount
         return complete
 
     def _serve(self, ws: WorkerState) -> None:
@@ -872,8 +876,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             # Its entry in the ready queues is dropped lazily; a reservation goes now.
             reserved_on = ts.reserved_on
             if reserved_on is not None:
-                self._unreserve(ts)
                 ts.state = new
+                self._unreserve(ts)
                 self._reserve_next(reserved_on)
                 return
         ts.state = new

@@ -236,3 +236,38 @@ def test_a_demand_reserves_once_a_smaller_one_of_its_resource_appears(sim: Sim) 
     sim.finish("x")
     assert sim.outstanding() == ["y", "z"]
     assert sim.states()["small"] == "queued"
+
+
+def test_the_next_task_to_reserve_is_found_again_after_losing_its_reservation() -> None:
+    # The search resumes after the reserved tasks it passed; a task passed over that is a
+    # candidate again (its reservation taken over, or queued again) must still be found.
+    from apportion.scheduler.model import TaskState, WorkerState
+    from apportion.scheduler.placement import ReadyQueues
+
+    from apportion.resources import to_shape
+
+    shape = to_shape({"GPU": 2})
+    queues = ReadyQueues()
+    tasks = [TaskState(f"t{i}", b"", b"", shape, 0, 0, i + 1) for i in range(4)]
+    for ts in tasks:
+        ts.state = "queued"
+        queues.push(ts)
+    queue = queues.by_shape[shape]
+    marker = WorkerState("tcp://w", "w", 1, {"GPU": 2}, 1)  # the worker reserved
+    tasks[0].reserved_on = tasks[1].reserved_on = marker
+    assert queue.first_unreserved() is tasks[2]
+    tasks[2].reserved_on = marker
+    assert queue.first_unreserved() is tasks[3]
+    tasks[1].reserved_on = None
+    queues.unreserved(tasks[1])
+    assert queue.first_unreserved() is tasks[1]
+    # A task that left the queue and comes back behind its seq is found too.
+    tasks[1].reserved_on = marker
+    tasks[3].reserved_on = marker
+    assert queue.first_unreserved() is None
+    tasks[0].state = "processing"
+    assert queue.head() is tasks[1]  # the started task's entry is dropped
+    again = TaskState("t0", b"", b"", shape, 0, 0, 1)
+    again.state = "queued"
+    queues.push(again)
+    assert queue.first_unreserved() is again
