@@ -105,7 +105,7 @@ class _DependencyIds:
     """Pickler mix-in: futures become persistent ids (their keys), collected as dependencies."""
 
     def __init__(
-        self, file: io.BytesIO, dependency_type: type[Any], out_of_band: _OutOfBand
+        self, file: io.BytesIO, dependency_type: type[Any], out_of_band: _OutOfBand | None
     ) -> None:
         super().__init__(  # type: ignore[call-arg]
             file, protocol=pickle.HIGHEST_PROTOCOL, buffer_callback=out_of_band
@@ -215,12 +215,12 @@ def dumps_args(args: tuple, kwargs: dict, dependency_type: type) -> tuple[Payloa
         kind = max(kind, kw_kind) if kw_kind else 0
     if kind == 1:
         return pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL), []
-    out_of_band = _OutOfBand()  # plain types hold no buffers: only needed from here
-    if kind == 2:
+    if kind == 2:  # plain types and futures: no buffers to keep apart
         plain = io.BytesIO()
-        plain_pickler = _PlainArgsPickler(plain, dependency_type, out_of_band)
+        plain_pickler = _PlainArgsPickler(plain, dependency_type, None)
         plain_pickler.dump((args, kwargs))
         return plain.getvalue(), list(plain_pickler.dependencies)
+    out_of_band = _OutOfBand()
     buffer = io.BytesIO()
     pickler = _ArgsPickler(buffer, dependency_type, out_of_band)
     try:
