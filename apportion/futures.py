@@ -17,7 +17,17 @@ if TYPE_CHECKING:
     from apportion.client import Client
 
 _MISSING = object()
-_NO_DEPS: list[Any] = []  # shared, never changed: most tasks have no dependencies
+# Shared, never changed: what a state holds until it has something of its own. A client
+# keeps a state per wanted future, and every container a state owns is one more object
+# the garbage collector traverses in each collection of its generation (the collector's
+# cost, not memory, is what these save: see test_future_state_gc.py).
+_NO_DEPS: list[Any] = []  # most tasks have no dependencies
+_NO_HOLDERS: list[str] = []  # until finished
+_NO_CALLBACKS: list[Any] = []  # most futures get no callback
+# A state's lock guards a few assignments, never while another state's is held, and is
+# held for microseconds: states share a fixed set of locks rather than owning one each
+# (a lock is an object the collector tracks).
+_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
 class FutureState:
@@ -48,16 +58,16 @@ class FutureState:
         # futures are never waited on while pending (chains, map then gather).
         self._done = False
         self._event: threading.Event | None = None
-        self.lock = threading.Lock()
+        self.lock = _LOCKS[hash(key) & 63]
         self.data: bytes | None = None
         self._value: Any = _MISSING
         self.error: tuple[bytes, str] | None = None
         # Why it was cancelled. Kept as a template only: what the client raises is always a
         # fresh copy (see exception()).
         self._reason: BaseException | None = None
-        self.who_has: list[str] = []
+        self.who_has: list[str] = _NO_HOLDERS
         self.nbytes = 0
-        self.callbacks: list[Callable[[], None]] = []
+        self.callbacks: list[Callable[[], None]] = _NO_CALLBACKS
         # Lineage, for a new scheduler after a restart (see apportion/lineage.py): the
         # message the task was submitted with, and the states of its dependencies.
         self.spec: dict[str, Any] | None = None
@@ -97,7 +107,7 @@ class FutureState:
         with self.lock:
             self.status = status
             self._done = True
-            callbacks, self.callbacks = self.callbacks, []
+            callbacks, self.callbacks = self.callbacks, _NO_CALLBACKS
             event = self._event
         if event is not None:
             event.set()
@@ -107,7 +117,10 @@ class FutureState:
     def add_callback(self, callback: Callable[[], None]) -> None:
         with self.lock:
             if not self._done:
-                self.callbacks.append(callback)
+                if self.callbacks is _NO_CALLBACKS:
+                    self.callbacks = [callback]
+                else:
+                    self.callbacks.append(callback)
                 return
         callback()
 
