@@ -341,7 +341,7 @@ class Client:
                 if arguments:
                     state.arguments = arguments
                 if deps:
-                    state.deps = [states[dep] for dep in deps if dep in states]
+                    state.deps = list(filter(None, map(states.get, deps)))  # at C speed
             else:
                 state = known  # type: ignore[assignment]
         future = Future(key, self, state)
@@ -406,8 +406,8 @@ class Client:
 
     @staticmethod
     def _limit() -> int:
-        """Largest task payload; read once per submit or map call, not per task."""
-        return int(config.get("comm.max-frame-bytes")) - 4096
+        """Largest task payload."""
+        return int(config.get_immutable("comm.max-frame-bytes")) - 4096
 
     def _enqueue(self, specs: list[Message]) -> None:
         """Post tasks as ``submit`` messages each well within comm.max-frame-bytes (the
@@ -416,16 +416,19 @@ class Client:
             return
         # Submitted by a task (get_client() on a worker): the scheduler knows its parent.
         parent = current_task_key()
-        extra = {} if parent is None else {"parent": parent}
         if parent is not None:
             for spec in specs:  # kept with the lineage, for a new scheduler (lineage.py)
                 spec["parent"] = parent
         budget = self._limit() // 2
         if _submission_bytes(specs) <= budget:  # the usual case, measured at C speed
-            self._post({"op": "submit", "tasks": specs, **extra})
-            return
-        for batch in split_submission(specs, budget):
-            self._post({"op": "submit", "tasks": batch, **extra})
+            batches = [specs]
+        else:
+            batches = split_submission(specs, budget)
+        for batch in batches:
+            message: Message = {"op": "submit", "tasks": batch}
+            if parent is not None:
+                message["parent"] = parent
+            self._post(message)
 
     def _post(self, message: Message) -> None:
         """Queue a message for the scheduler from any thread; flushed once per loop tick."""

@@ -40,6 +40,8 @@ DEFAULTS: dict[str, Any] = config_schema.defaults()
 _lock = threading.RLock()
 _config: dict[str, Any] = {}
 _loaded = False
+# get_immutable's values, cleared whenever the configuration changes (under _lock).
+_immutable: dict[str, Any] = {}
 
 
 def _split(key: str) -> list[str]:
@@ -148,6 +150,7 @@ def refresh(environ: Mapping[str, str] | None = None) -> None:
     with _lock:
         _config.clear()
         _config.update(fresh)
+        _immutable.clear()
         _loaded = True
 
 
@@ -175,6 +178,18 @@ def get(key: str, default: Any = ...) -> Any:
     return copy.deepcopy(cursor)
 
 
+def get_immutable(key: str) -> Any:
+    """``get(key)`` for a value never changed in place (a number, a string, a flag), at
+    the cost of a dict lookup: for hot paths (``Client.submit`` read the frame limit at
+    a few microseconds a call, a tenth of its own cost)."""
+    try:
+        return _immutable[key]
+    except KeyError:
+        with _lock:  # not filled with a value a concurrent ``set`` has just replaced
+            value = _immutable[key] = get(key)
+            return value
+
+
 def snapshot() -> dict[str, Any]:
     _ensure_loaded()
     with _lock:
@@ -195,6 +210,7 @@ class set:
             self._saved = copy.deepcopy(_config)
             for tree in trees:
                 _merge(_config, tree)
+            _immutable.clear()
 
     def __enter__(self) -> set:
         return self
@@ -203,3 +219,4 @@ class set:
         with _lock:
             _config.clear()
             _config.update(self._saved)
+            _immutable.clear()

@@ -295,3 +295,17 @@ def test_the_readme_settings_table_is_generated_from_the_schema() -> None:
     assert config_schema.markdown_table() in readme, (
         "regenerate the README's settings table: apportion settings"
     )
+
+
+def test_get_immutable_follows_set_and_its_undoing() -> None:
+    default = config.get("comm.max-frame-bytes")
+    assert config.get_immutable("comm.max-frame-bytes") == default
+    with config.set({"comm.max-frame-bytes": default // 2}):
+        assert config.get_immutable("comm.max-frame-bytes") == default // 2
+    assert config.get_immutable("comm.max-frame-bytes") == default
+    config.set({"comm.max-frame-bytes": default // 4})  # not undone until refresh
+    try:
+        assert config.get_immutable("comm.max-frame-bytes") == default // 4
+    finally:
+        config.refresh()
+    assert config.get_immutable("comm.max-frame-bytes") == default
