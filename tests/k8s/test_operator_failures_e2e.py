@@ -195,39 +195,44 @@ def _ready(pod: Obj) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def test_a_worker_pod_is_ready_only_once_connected(deployed: Deployment) -> None:
+def _scheduler_template(deployed: Deployment, name: str, template: Obj | None) -> None:
+    op = {"op": "add", "path": "/spec/scheduler/template", "value": template}
+    if template is None:
+        op = {"op": "remove", "path": "/spec/scheduler/template"}
+    deployed.kubectl("patch", "resourcecluster", name, "--type=json", "-p", json.dumps([op]))
+
+
+def test_a_worker_pod_is_ready_only_while_connected(deployed: Deployment) -> None:
     # The scheduler cannot be placed (no such node): its workers run but cannot connect.
     nowhere = {"spec": {"nodeSelector": {"apportion.dev/node-type": "nowhere"}}}
     groups = [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}]
     apply(deployed, resource_cluster("lonely", 10986, groups, scheduler={"template": nowhere}))
+    workers = "apportion.dev/cluster=lonely,apportion.dev/group=cpu"
     worker = deployed.wait(
-        lambda: next(
-            (
-                p
-                for p in deployed.pods("apportion.dev/cluster=lonely,apportion.dev/group=cpu")
-                if _running_for(p) > 15
-            ),
-            None,
-        ),
+        lambda: next((p for p in deployed.pods(workers) if _running_for(p) > 15), None),
         "the worker running for 15 s",
     )
     assert not _ready(worker), "not connected, so not Ready"
+    # The worker answers the kubelet itself: no process is started per check.
     probe = worker["spec"]["containers"][0]["readinessProbe"]
-    assert probe["exec"]["command"][:3] == ["python", "-I", "-c"]
+    assert probe["httpGet"] == {"path": "/ready", "port": "readiness", "scheme": "HTTP"}
 
-    deployed.kubectl(
-        "patch",
-        "resourcecluster",
-        "lonely",
-        "--type=json",
-        "-p",
-        json.dumps([{"op": "remove", "path": "/spec/scheduler/template"}]),
-    )
+    _scheduler_template(deployed, "lonely", None)
     deployed.wait_running("lonely", {"cpu": 1})
     deployed.wait(
         lambda: all(_ready(p) for p in deployed.pods("apportion.dev/cluster=lonely")),
         "worker Ready once connected",
     )
+
+    # The scheduler goes away (its pod stopped, the new one cannot be placed): the worker
+    # keeps running, dialling again, and its pod is no longer Ready.
+    _scheduler_template(deployed, "lonely", nowhere)
+    (unready,) = deployed.wait(
+        lambda: [p for p in deployed.pods(workers) if not _ready(p)], "worker no longer Ready"
+    )
+    assert unready["metadata"]["uid"] == worker["metadata"]["uid"], "the same pod, not replaced"
+    (state,) = unready["status"]["containerStatuses"]
+    assert "running" in state["state"] and not state["ready"], state
     deployed.kubectl("delete", "resourcecluster", "lonely", "--wait=true")
 
 
