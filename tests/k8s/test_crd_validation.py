@@ -336,6 +336,26 @@ def test_status_subresource_and_printer_columns(crd: Cluster, k8s_namespace: str
         assert row[:4] == ["pipeline", "Running", "3/3", status["schedulerAddress"]], out
 
 
+def test_kubectl_scale_of_a_cluster_says_to_scale_a_group(crd: Cluster, k8s_namespace: str) -> None:
+    groups = [{"name": "cpu", "replicas": 1}, {"name": "gpu", "replicas": 2}]
+    manifest = yaml.safe_dump(resource_cluster("sized", {"workerGroups": groups}))
+    crd.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=manifest)
+    scaled = crd.kubectl(
+        "scale", "rcluster", "sized", "-n", k8s_namespace, "--replicas=3", check=False
+    )
+    assert scaled.returncode != 0
+    assert "NotFound" not in scaled.stderr and "not found" not in scaled.stderr, scaled.stderr
+    assert "sized per worker group: kubectl scale rworkergroup <cluster>-<group>" in scaled.stderr
+    spec = get_rc(crd, "sized", k8s_namespace)["spec"]
+    assert "replicas" not in spec and [g["replicas"] for g in spec["workerGroups"]] == [1, 2]
+    # Nor through an edit of the cluster itself.
+    edited = crd.kubectl(
+        "patch", "rcluster", "sized", "-n", k8s_namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"replicas": 3}}), check=False,
+    )  # fmt: skip
+    assert edited.returncode != 0 and "sized per worker group" in edited.stderr
+
+
 # ----- Helm chart --------------------------------------------------------------------------
 
 
