@@ -43,6 +43,13 @@ def crd(k8s_cluster: Cluster) -> Cluster:
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     k8s_cluster.wait_for(established, f"{CRD_NAME} Established", 60)
+
+    def published() -> bool:
+        # The API server publishes a new CRD's OpenAPI (what kubectl explain reads) a few
+        # seconds after Established.
+        return k8s_cluster.kubectl("explain", "resourcecluster", check=False).returncode == 0
+
+    k8s_cluster.wait_for(published, f"{CRD_NAME} in the OpenAPI", 60)
     return k8s_cluster
 
 
