@@ -61,8 +61,10 @@ def running(deployed: Deployment) -> set[str]:
 # patch Events about it.
 OPERATOR_RESOURCES = {
     "resourceclusters",
+    "resourceclusters/status",
     "resourceworkergroups",
-    "pods",
+    "resourceworkergroups/status",
+    "pods",  # not pods/status: the kubelet writes that
     "services",
     "secrets",
     "deployments",
@@ -186,10 +188,9 @@ def main() -> None:
         result["operator_requests_per_s_by_kind"] = {
             k: round(v, 2) for k, v in sorted(operators.items(), key=lambda kv: -kv[1]) if v >= 0.05
         }
-        own = {
-            k: v
-            for k, v in operators.items()
-            if k.split(" ")[-1].split("/")[0] in OPERATOR_RESOURCES
+        own = {k: v for k, v in operators.items() if k.split(" ")[-1] in OPERATOR_RESOURCES}
+        result["operator_own_requests_per_s_by_kind"] = {
+            k: round(v, 2) for k, v in sorted(own.items(), key=lambda kv: -kv[1]) if abs(v) >= 0.05
         }
         result["api_requests_per_s_operator_own_kinds"] = round(
             sum(own.values()) + result["operator_events_posted_at_rest"] / args.rest, 2
