@@ -132,6 +132,15 @@ SETTINGS: tuple[Setting, ...] = (
         "Seconds a worker keeps trying to reach a scheduler that is not (yet) there.",
     ),
     Setting(
+        "worker.readiness-port",
+        "integer",
+        None,
+        "Port of the worker's readiness endpoint on its contact host: GET /ready answers "
+        "200 while it is connected to its scheduler, else 503 and why (the operator's "
+        "worker pods are probed there); None: no endpoint.",
+        optional=True,
+    ),
+    Setting(
         "worker.inline-result-bytes",
         "integer",
         64 * 1024,

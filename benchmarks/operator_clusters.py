@@ -8,14 +8,18 @@ measures at rest for --rest seconds: API requests per second (the API server's
 ``apiserver_request_total``, with the operator scaled to zero for the same time as the
 baseline that kubelet, controllers and schedulers cost on their own) and the operator
 process's CPU (utime + stime from /proc). Finally it applies one more cluster and times
-``kubectl apply`` -> Running. Prints one JSON object.
+``kubectl apply`` -> Running. Prints one JSON object, with the operator's requests per
+second by verb and resource (with it minus without it) and the load average of the machine
+at each step (the figures depend on what else runs there).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -51,13 +55,56 @@ def running(deployed: Deployment) -> set[str]:
     }
 
 
-def requests_total(k8s: Cluster) -> float:
+# What the operator reads and writes (besides Events). The difference of the totals with and
+# without the operator also holds the control plane's own noise: the endpoint controllers
+# retry, with back-off, Endpoints that cannot hold the test pods' loopback IPs, and post and
+# patch Events about it.
+OPERATOR_RESOURCES = {
+    "resourceclusters",
+    "resourceclusters/status",
+    "resourceworkergroups",
+    "resourceworkergroups/status",
+    "pods",  # not pods/status: the kubelet writes that
+    "services",
+    "secrets",
+    "deployments",
+    "kopfpeerings",
+    "clusterkopfpeerings",
+}
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def requests_by_kind(k8s: Cluster) -> dict[str, float]:
+    """The API server's request counter by "VERB resource[/subresource]"."""
     text = k8s.kubectl("get", "--raw", "/metrics").stdout
+    counts: dict[str, float] = collections.defaultdict(float)
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(LABEL.findall(line.split("}", 1)[0]))
+            kind = labels.get("resource", "") + (
+                f"/{labels['subresource']}" if labels.get("subresource") else ""
+            )
+            counts[f"{labels.get('verb', '?')} {kind}"] += float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def operator_events(deployed: Deployment) -> int:
+    """Events the operator has posted in the clusters' namespace (with their repeat counts)."""
+    out = deployed.kubectl("get", "events", "-o", "json")
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("apiserver_request_total{")
+        int(e.get("count") or 1)
+        for e in json.loads(out.stdout)["items"]
+        if (e.get("source") or {}).get("component") == "kopf"
+        or e.get("reportingComponent") == "kopf"
     )
+
+
+def load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    return {kind: (after[kind] - before.get(kind, 0.0)) / seconds for kind in after}
 
 
 def operator_pid(namespace: str) -> int:
@@ -104,14 +151,19 @@ def main() -> None:
         names = {m["metadata"]["name"] for m in manifests}
         k8s.wait_for(lambda: running(deployed) >= names, "every cluster Running", 3600)
         result["all_running_s"] = round(time.monotonic() - started, 1)
+        result["load_when_all_running"] = load_average()
         time.sleep(10)  # let the last status writes and scale events settle before measuring
 
         pid = operator_pid(deployed.namespace)
-        cpu0, req0, t0 = cpu_seconds(pid), requests_total(k8s), time.monotonic()
+        events0 = operator_events(deployed)
+        cpu0, req0, t0 = cpu_seconds(pid), requests_by_kind(k8s), time.monotonic()
         time.sleep(args.rest)
-        cpu1, req1, t1 = cpu_seconds(pid), requests_total(k8s), time.monotonic()
+        cpu1, req1, t1 = cpu_seconds(pid), requests_by_kind(k8s), time.monotonic()
+        result["operator_events_posted_at_rest"] = operator_events(deployed) - events0
+        result["load_at_rest"] = load_average()
         result["operator_cpu_at_rest"] = round((cpu1 - cpu0) / (t1 - t0), 4)
-        result["api_requests_per_s_with_operator"] = round((req1 - req0) / (t1 - t0), 2)
+        with_operator = rates(req0, req1, t1 - t0)
+        result["api_requests_per_s_with_operator"] = round(sum(with_operator.values()), 2)
 
         scale_operator(deployed, 0)
         k8s.wait_for(
@@ -124,13 +176,24 @@ def main() -> None:
             "operator stopped",
             120,
         )
-        req0, t0 = requests_total(k8s), time.monotonic()
+        req0, t0 = requests_by_kind(k8s), time.monotonic()
         time.sleep(args.rest)
-        req1, t1 = requests_total(k8s), time.monotonic()
-        baseline = (req1 - req0) / (t1 - t0)
-        result["api_requests_per_s_baseline"] = round(baseline, 2)
+        req1, t1 = requests_by_kind(k8s), time.monotonic()
+        without = rates(req0, req1, t1 - t0)
+        result["api_requests_per_s_baseline"] = round(sum(without.values()), 2)
         result["api_requests_per_s_operator"] = round(
-            result["api_requests_per_s_with_operator"] - baseline, 2
+            result["api_requests_per_s_with_operator"] - result["api_requests_per_s_baseline"], 2
+        )
+        operators = {k: with_operator.get(k, 0.0) - without.get(k, 0.0) for k in with_operator}
+        result["operator_requests_per_s_by_kind"] = {
+            k: round(v, 2) for k, v in sorted(operators.items(), key=lambda kv: -kv[1]) if v >= 0.05
+        }
+        own = {k: v for k, v in operators.items() if k.split(" ")[-1] in OPERATOR_RESOURCES}
+        result["operator_own_requests_per_s_by_kind"] = {
+            k: round(v, 2) for k, v in sorted(own.items(), key=lambda kv: -kv[1]) if abs(v) >= 0.05
+        }
+        result["api_requests_per_s_operator_own_kinds"] = round(
+            sum(own.values()) + result["operator_events_posted_at_rest"] / args.rest, 2
         )
         scale_operator(deployed, 1)
         k8s.wait_for(lambda: operator_pid(deployed.namespace), "operator back", 120)
@@ -143,6 +206,7 @@ def main() -> None:
             lambda: extra["metadata"]["name"] in running(deployed), "one more cluster", 600
         )
         result["apply_to_running_s_next"] = round(time.monotonic() - started, 1)
+        result["load_after_next"] = load_average()
     print(json.dumps(result))
 
 

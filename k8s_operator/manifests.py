@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from apportion.operator import tls
-from apportion.operator.ready import probe_command
 from apportion.operator.spec import ClusterSpec, GroupSpec
 
 GROUP = "apportion.dev"
@@ -157,11 +156,6 @@ def _pull_secrets(spec: ClusterSpec) -> dict[str, Any]:
     return {"imagePullSecrets": [{"name": name} for name in spec.image_pull_secrets]}
 
 
-def scheduler_http(spec: ClusterSpec) -> str:
-    scheme = "https" if spec.tls else "http"
-    return f"{scheme}://{spec.scheduler_service}.{spec.namespace}.svc:{spec.http_port}"
-
-
 def _with_tls(
     spec: ClusterSpec, pod: Manifest, container: dict[str, Any], check_hostname: bool
 ) -> None:
@@ -177,10 +171,16 @@ def _with_tls(
         annotations[tls.DIGEST_ANNOTATION] = spec.tls_digest
 
 
-# Ready means connected: the kubelet asks the scheduler whether this pod's worker is known.
+# Ready means connected to the scheduler: the worker answers GET /ready itself
+# (worker/readiness.py) on its pod IP. An httpGet probe is made by the kubelet, so a check
+# starts no process in the pod: an exec probe would, through the container runtime, every
+# period for every worker of the node (a Python start each, when it asked the scheduler).
+WORKER_READINESS_PORT = 8788
 WORKER_READINESS = {
-    "exec": {"command": probe_command()},
+    "httpGet": {"path": "/ready", "port": "readiness"},
     "periodSeconds": 5,
+    # Not the default 1 s: a busy node answers late, and a pod that flaps out of Ready
+    # says a connected worker is not.
     "timeoutSeconds": 5,
 }
 
@@ -316,9 +316,10 @@ def worker_pod(
         "env": [
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_IP", "status.podIP"),
-            {"name": "APPORTION_SCHEDULER_HTTP", "value": scheduler_http(spec)},
+            {"name": "APPORTION_WORKER__READINESS_PORT", "value": str(WORKER_READINESS_PORT)},
             *_auth_env(spec),
         ],
+        "ports": [{"name": "readiness", "containerPort": WORKER_READINESS_PORT}],
         "readinessProbe": WORKER_READINESS,
     }
     if group.limits:

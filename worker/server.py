@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from apportion.worker import output, secession, stored, uploads
+from apportion.worker import output, readiness, secession, stored, uploads
 from apportion.worker.context import TaskInfo, WorkerInfo, set_current
 from apportion.worker.state import (
     Execute,
@@ -113,6 +113,7 @@ class Worker:
         self._heartbeat: PeriodicCallback | None = None
         # Why the worker stopped on its own, when it failed (no scheduler to return to).
         self.failure: str | None = None
+        self.readiness = readiness.Readiness()  # GET /ready: connected to the scheduler?
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Worker:
@@ -133,6 +134,7 @@ class Worker:
         self.address = format_address(contact, port)
         self.name = self.state.name = self.name or self.address
         stored.stores[self.address] = self.stored
+        self.readiness.start(contact)
         await self._connect()
         interval = float(config.get("worker.heartbeat-interval")) * 1000
         self._heartbeat = PeriodicCallback(self._send_heartbeat, interval)
@@ -196,6 +198,7 @@ class Worker:
             comm.send_now([report])
             comm.allow_thread_writes()
             self.scheduler = comm
+        self.readiness.connected()
         if report["held"] or report["running"]:
             logger.info(
                 "worker %s reported %d held results and %d running tasks",
@@ -218,6 +221,7 @@ class Worker:
                 pass
             self.scheduler.close(reason)
         self.listener.close_all()
+        self.readiness.close()
         self.peers.close()
         if stored.stores.get(self.address) is self.stored:
             del stored.stores[self.address]
@@ -266,6 +270,7 @@ class Worker:
                 reason,
             )
             self._scheduler_lost()
+            self.readiness.lost(reason)
             try:
                 await self._connect()
             except OSError as exc:

@@ -43,6 +43,13 @@ def crd(k8s_cluster: Cluster) -> Cluster:
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     k8s_cluster.wait_for(established, f"{CRD_NAME} Established", 60)
+
+    def published() -> bool:
+        # The API server publishes a new CRD's OpenAPI (what kubectl explain reads) a few
+        # seconds after Established.
+        return k8s_cluster.kubectl("explain", "resourcecluster", check=False).returncode == 0
+
+    k8s_cluster.wait_for(published, f"{CRD_NAME} in the OpenAPI", 60)
     return k8s_cluster
 
 
@@ -334,6 +341,26 @@ def test_status_subresource_and_printer_columns(crd: Cluster, k8s_namespace: str
         assert out[0].split() == header, out
         row = out[1].split()  # VALID and OBSERVED are blank: this status has neither
         assert row[:4] == ["pipeline", "Running", "3/3", status["schedulerAddress"]], out
+
+
+def test_kubectl_scale_of_a_cluster_says_to_scale_a_group(crd: Cluster, k8s_namespace: str) -> None:
+    groups = [{"name": "cpu", "replicas": 1}, {"name": "gpu", "replicas": 2}]
+    manifest = yaml.safe_dump(resource_cluster("sized", {"workerGroups": groups}))
+    crd.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=manifest)
+    scaled = crd.kubectl(
+        "scale", "rcluster", "sized", "-n", k8s_namespace, "--replicas=3", check=False
+    )
+    assert scaled.returncode != 0
+    assert "NotFound" not in scaled.stderr and "not found" not in scaled.stderr, scaled.stderr
+    assert "sized per worker group: kubectl scale rworkergroup <cluster>-<group>" in scaled.stderr
+    spec = get_rc(crd, "sized", k8s_namespace)["spec"]
+    assert "replicas" not in spec and [g["replicas"] for g in spec["workerGroups"]] == [1, 2]
+    # Nor through an edit of the cluster itself.
+    edited = crd.kubectl(
+        "patch", "rcluster", "sized", "-n", k8s_namespace, "--type=merge",
+        "-p", json.dumps({"spec": {"replicas": 3}}), check=False,
+    )  # fmt: skip
+    assert edited.returncode != 0 and "sized per worker group" in edited.stderr
 
 
 # ----- Helm chart --------------------------------------------------------------------------

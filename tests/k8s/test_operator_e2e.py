@@ -90,7 +90,7 @@ def test_example_cluster_reaches_running_with_gpu_workers_on_gpu_nodes(
     )
     (highmem,) = pipeline.pods("apportion.dev/group=highmem")
     assert highmem["spec"]["nodeName"] == "highmem-node"
-    # Ready means connected (the readiness probe asks the scheduler): it follows shortly.
+    # Ready means connected (the worker answers the readiness probe): it follows shortly.
     pipeline.wait(
         lambda: all(
             g["readyReplicas"] == g["desiredReplicas"]

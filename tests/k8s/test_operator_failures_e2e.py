@@ -149,6 +149,33 @@ def test_an_invalid_edit_keeps_the_last_valid_spec_running(deployed: Deployment)
     deployed.kubectl("delete", "resourcecluster", "keeper", "--wait=true")
 
 
+def test_an_invalid_edit_lets_go_of_pods_not_placed_yet(deployed: Deployment) -> None:
+    # Three GPU=2 workers on two nodes of two GPUs: one cannot be placed and waits.
+    gpu = {"name": "gpu", "replicas": 3, "resources": {"GPU": 2}}
+    apply(deployed, resource_cluster("greedy", 10836, [gpu]))
+    workers = "apportion.dev/cluster=greedy,apportion.dev/group=gpu"
+    pods = deployed.wait(
+        lambda: (
+            (found := deployed.pods(workers))
+            and len(found) == 3
+            and sum(bool(p["spec"].get("nodeName")) for p in found) == 2
+            and found
+        ),
+        "two GPU workers placed, the third waiting for a node",
+    )
+    placed = {p["metadata"]["uid"] for p in pods if p["spec"].get("nodeName")}
+    patch_groups(deployed, "greedy", [{**gpu, "resources": {"GPU": 1.5}}])
+    refusal(deployed, "greedy")
+    # The waiting pod would take the GPUs another cluster needs once they are free.
+    deployed.wait(
+        lambda: {p["metadata"]["uid"] for p in deployed.pods(workers)} == placed,
+        "only the placed workers left",
+    )
+    wait_reconciled_after(deployed, "greedy")
+    assert {p["metadata"]["uid"] for p in deployed.pods(workers)} == placed, "none made again"
+    deployed.kubectl("delete", "resourcecluster", "greedy", "--wait=true")
+
+
 # ----- defect 2: specs the API server refuses --------------------------------------------
 
 
@@ -177,6 +204,47 @@ def test_a_spec_the_api_server_refuses_builds_nothing_and_says_why_once(
     deployed.kubectl("delete", "resourcecluster", "refused", "--wait=true")
 
 
+def _operator_role(deployed: Deployment) -> Obj:
+    roles = json.loads(deployed.kubectl("get", "roles", "-o", "json").stdout)["items"]
+    (role,) = [r for r in roles if any("deployments" in rule["resources"] for rule in r["rules"])]
+    return role
+
+
+def test_an_unexpected_refusal_is_a_condition_and_one_event_until_it_passes(
+    deployed: Deployment,
+) -> None:
+    # The operator's Role loses the right to write Deployments: the API server refuses
+    # the scheduler's (403), a failure no spec check foresees.
+    role = _operator_role(deployed)
+    index = next(i for i, r in enumerate(role["rules"]) if "deployments" in r["resources"])
+    rule = role["rules"][index]
+    narrowed = [v for v in rule["verbs"] if v not in ("create", "patch", "update")]
+    change = [{"op": "replace", "path": f"/rules/{index}/verbs", "value": narrowed}]
+    name = role["metadata"]["name"]
+    deployed.kubectl("patch", "role", name, "--type=json", "-p", json.dumps(change))
+    try:
+        groups = [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}]
+        apply(deployed, resource_cluster("forbidden", 10936, groups))
+        failed = deployed.wait(
+            lambda: (
+                condition(deployed, "forbidden", "Reconciled").get("status") == "False"
+                and condition(deployed, "forbidden", "Reconciled")
+            ),
+            "Reconciled=False",
+        )
+        assert failed["reason"] == "ReconcileFailed"
+        assert "403" in failed["message"] and "deployments" in failed["message"], failed
+        wait_reconciled_after(deployed, "forbidden")  # retried, and still said once
+        (event,) = events_about(deployed, "forbidden", "ReconcileFailed")
+        assert times_posted([event]) == 1 and "403" in event["message"]
+    finally:
+        restore = [{"op": "replace", "path": f"/rules/{index}/verbs", "value": rule["verbs"]}]
+        deployed.kubectl("patch", "role", name, "--type=json", "-p", json.dumps(restore))
+    deployed.wait_running("forbidden", {"cpu": 1})
+    assert condition(deployed, "forbidden", "Reconciled")["status"] == "True"
+    deployed.kubectl("delete", "resourcecluster", "forbidden", "--wait=true")
+
+
 # ----- defect 5: readiness means connected ------------------------------------------------
 
 
@@ -195,39 +263,44 @@ def _ready(pod: Obj) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def test_a_worker_pod_is_ready_only_once_connected(deployed: Deployment) -> None:
+def _scheduler_template(deployed: Deployment, name: str, template: Obj | None) -> None:
+    op = {"op": "add", "path": "/spec/scheduler/template", "value": template}
+    if template is None:
+        op = {"op": "remove", "path": "/spec/scheduler/template"}
+    deployed.kubectl("patch", "resourcecluster", name, "--type=json", "-p", json.dumps([op]))
+
+
+def test_a_worker_pod_is_ready_only_while_connected(deployed: Deployment) -> None:
     # The scheduler cannot be placed (no such node): its workers run but cannot connect.
     nowhere = {"spec": {"nodeSelector": {"apportion.dev/node-type": "nowhere"}}}
     groups = [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}]
     apply(deployed, resource_cluster("lonely", 10986, groups, scheduler={"template": nowhere}))
+    workers = "apportion.dev/cluster=lonely,apportion.dev/group=cpu"
     worker = deployed.wait(
-        lambda: next(
-            (
-                p
-                for p in deployed.pods("apportion.dev/cluster=lonely,apportion.dev/group=cpu")
-                if _running_for(p) > 15
-            ),
-            None,
-        ),
+        lambda: next((p for p in deployed.pods(workers) if _running_for(p) > 15), None),
         "the worker running for 15 s",
     )
     assert not _ready(worker), "not connected, so not Ready"
+    # The worker answers the kubelet itself: no process is started per check.
     probe = worker["spec"]["containers"][0]["readinessProbe"]
-    assert probe["exec"]["command"][:3] == ["python", "-I", "-c"]
+    assert probe["httpGet"] == {"path": "/ready", "port": "readiness", "scheme": "HTTP"}
 
-    deployed.kubectl(
-        "patch",
-        "resourcecluster",
-        "lonely",
-        "--type=json",
-        "-p",
-        json.dumps([{"op": "remove", "path": "/spec/scheduler/template"}]),
-    )
+    _scheduler_template(deployed, "lonely", None)
     deployed.wait_running("lonely", {"cpu": 1})
     deployed.wait(
         lambda: all(_ready(p) for p in deployed.pods("apportion.dev/cluster=lonely")),
         "worker Ready once connected",
     )
+
+    # The scheduler goes away (its pod stopped, the new one cannot be placed): the worker
+    # keeps running, dialling again, and its pod is no longer Ready.
+    _scheduler_template(deployed, "lonely", nowhere)
+    (unready,) = deployed.wait(
+        lambda: [p for p in deployed.pods(workers) if not _ready(p)], "worker no longer Ready"
+    )
+    assert unready["metadata"]["uid"] == worker["metadata"]["uid"], "the same pod, not replaced"
+    (state,) = unready["status"]["containerStatuses"]
+    assert "running" in state["state"] and not state["ready"], state
     deployed.kubectl("delete", "resourcecluster", "lonely", "--wait=true")
 
 

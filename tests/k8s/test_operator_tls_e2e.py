@@ -1,6 +1,6 @@
 """Mutual TLS on Kubernetes, on the real control plane: the operator makes a cluster's CA
 and certificate, mounts them, and every connection (client, worker, worker peers, the HTTP
-API the operator and the readiness probes use) is TLS; a certificate the user names is
+API the operator uses) is TLS; a certificate the user names is
 checked, and the status says why workers cannot connect while it will not do."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_a_tls_cluster_is_mutual_tls_everywhere(deployed: Deployment) -> None:
             conditions = pod["status"].get("conditions") or []
             return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
-        deployed.wait(  # the worker's readiness probe asks the HTTP API over TLS
+        deployed.wait(  # a worker is Ready once connected over TLS
             lambda: all(ready(p) for p in deployed.pods("app.kubernetes.io/instance=secure")),
             "every pod of the TLS cluster Ready",
             timeout=60,

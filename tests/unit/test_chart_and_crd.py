@@ -99,7 +99,11 @@ def test_crd_names_and_version() -> None:
     assert version["name"] == "v1alpha1"
     assert version["served"] is True
     assert version["storage"] is True
-    assert version["subresources"] == {"status": {}}
+    # scale only so that `kubectl scale rcluster` is refused saying what to do (not NotFound).
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"},
+    }
 
 
 def test_crd_printer_columns() -> None:

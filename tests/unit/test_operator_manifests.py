@@ -375,6 +375,18 @@ def test_the_variables_the_worker_command_uses_are_defined_in_its_env() -> None:
     assert "$(POD_NAME)" in c["args"] and "$(POD_IP)" in c["args"]
 
 
+def test_the_worker_readiness_probe_is_the_workers_own_endpoint() -> None:
+    c = container(pod_of({"resources": {"GPU": 1}}), "worker")
+    probe = c["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/ready", "port": "readiness"}  # no process per check
+    (port,) = [p for p in c["ports"] if p["name"] == "readiness"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    # The worker serves it on its contact host, the pod's IP (--contact-host $(POD_IP)).
+    assert env["APPORTION_WORKER__READINESS_PORT"] == str(port["containerPort"])
+    assert c["args"][c["args"].index("--contact-host") + 1] == "$(POD_IP)"
+    assert probe["timeoutSeconds"] >= 5
+
+
 @pytest.mark.parametrize(
     ("auth", "token_env", "no_auth_flag"), [(True, True, False), (False, False, True)]
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,6 @@ import pytest
 from apportion.operator import tls
 from apportion.operator.manifests import (
     scheduler_deployment,
-    scheduler_http,
     tls_secret,
     worker_command,
     worker_pod,
@@ -22,7 +22,9 @@ from apportion.operator.manifests import (
 from apportion.operator.spec import ClusterSpec, InvalidSpec, parse
 
 from apportion import Client, LocalCluster, config
+from tests.conftest import wait_until
 from tests.integration.tasks import inc
+from tests.integration.test_worker_readiness import free_port, get
 
 NOW = datetime.datetime(2026, 11, 24, 12, 0, tzinfo=datetime.timezone.utc)
 OWNER = {
@@ -73,7 +75,6 @@ def test_a_secret_name_without_tls_enabled_is_invalid() -> None:
 def test_tls_pods_mount_the_certificate_and_speak_tls_everywhere() -> None:
     spec = secure()
     assert spec.scheduler_address == "tls://secure-scheduler.ml.svc:8786"
-    assert scheduler_http(spec).startswith("https://secure-scheduler.ml.svc:")
     assert worker_command(spec, spec.groups[0])[2] == "tls://secure-scheduler.ml.svc:8786"
     template = {"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}}
     deployment = scheduler_deployment(parse("secure", "ml", {
@@ -118,22 +119,28 @@ def test_the_operators_certificate_serves_a_real_cluster(tmp_path: Path) -> None
             with Client(cluster) as client:
                 first = client.submit(inc, 1)
                 assert client.submit(inc, first).result(timeout=30) == 3
-            # The worker pods' readiness probe, over TLS with the pods' settings.
+            # A worker with the pods' settings: ready (plain HTTP, as the kubelet probes)
+            # once connected over TLS.
             spec = secure()
             (container,) = worker_pod(spec, spec.groups[0], 0, OWNER)["spec"]["containers"]
             env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
             env = {**env, **{k: files[v.rsplit("/", 1)[1]] for k, v in env.items() if
                              v.startswith(tls.MOUNT_PATH)}}  # fmt: skip
+            port = free_port()
             env |= {
-                "POD_NAME": "b",
-                "APPORTION_SCHEDULER_HTTP": f"https://127.0.0.1:{cluster.http_port}",
+                "APPORTION_WORKER__READINESS_PORT": str(port),
                 "APPORTION_TOKEN": cluster.token or "",
             }
-            _, *rest = container["readinessProbe"]["exec"]["command"]
-            probe = subprocess.run(
-                [sys.executable, *rest], env=env, capture_output=True, text=True, timeout=30
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "apportion", "worker", cluster.scheduler_address],
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
             )
-            assert probe.returncode == 0, probe.stderr
+            try:
+                wait_until(lambda: get(port, "/ready")[0] == 200, timeout=60, what="ready")
+            finally:
+                worker.terminate()
+                worker.wait(30)
         finally:
             cluster.close()
 

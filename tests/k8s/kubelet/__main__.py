@@ -235,10 +235,11 @@ class Kubelet:
             try:
                 services = self.client.get("/api/v1/services")["items"]
                 pods = self.client.get("/api/v1/pods")["items"]
+                entries = dns.service_entries(services, pods)
                 with self.lock:
                     runners = list(self.runners.values())
                 for runner in runners:
-                    content = dns.hosts_file(runner.pod, runner.pod_ip, services, pods, self.api_ip)
+                    content = dns.render_hosts(runner.pod, runner.pod_ip, entries, self.api_ip)
                     if runner.hosts.exists() and runner.hosts.read_text() != content:
                         runner.hosts.write_text(content)
             except Exception as err:
