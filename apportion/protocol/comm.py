@@ -59,7 +59,11 @@ class _LargeFrameReads(asyncio.BufferedProtocol):
         self.comm = comm
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.comm._reader.large_room()
+        try:
+            return self.comm._reader.large_room()
+        except ProtocolError as exc:  # no memory for the frame: the connection ends
+            self.comm._fail(exc)
+            raise
 
     def buffer_updated(self, nbytes: int) -> None:
         comm = self.comm
