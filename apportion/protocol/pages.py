@@ -10,22 +10,28 @@ kernel time, before the socket's bytes are read into it. Windows grow with what 
 that arrived, not the length its header announced.
 
 Only where the C library's ``mmap`` can be called (Linux); elsewhere pages come by fault.
+(ctypes is imported on the first large frame: most processes never receive one.)
 """
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import mmap
 import sys
+from typing import Any
 
 MIN_WINDOW = 1 << 20
 MAX_WINDOW = 32 << 20
 _MAP_FIXED = 0x10  # Linux's value on every architecture
 
 
-def _libc_mmap() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+@functools.cache
+def _libc_mmap() -> Any:
+    """The C library's mmap, or None where it cannot be called this way."""
     if sys.platform != "linux" or not hasattr(mmap, "MAP_POPULATE"):
         return None
+    import ctypes
+
     try:
         function = ctypes.CDLL(None, use_errno=True).mmap
     except (OSError, AttributeError):
@@ -42,7 +48,6 @@ def _libc_mmap() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     return function
 
 
-_mmap = _libc_mmap()
 _FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | getattr(mmap, "MAP_POPULATE", 0)
 _PROT = mmap.PROT_READ | mmap.PROT_WRITE
 
@@ -57,7 +62,9 @@ class FrameBuffer:
         self.map = mmap.mmap(-1, length)
         self.length = length
         self._base = 0
-        if _mmap is not None and length:
+        if length and _libc_mmap() is not None:
+            import ctypes
+
             pointer = ctypes.c_char.from_buffer(self.map)
             self._base = ctypes.addressof(pointer)
             del pointer  # (held, it would keep the map from being closed)
@@ -72,9 +79,11 @@ class FrameBuffer:
             window = min(MAX_WINDOW, max(MIN_WINDOW, filled)) // mmap.PAGESIZE * mmap.PAGESIZE
             if ready - filled < window // 2:
                 size = min(window, self.length - ready)
-                address = _mmap(self._base + ready, size, _PROT, _FLAGS, -1, 0)  # type: ignore[misc]
+                address = _libc_mmap()(self._base + ready, size, _PROT, _FLAGS, -1, 0)
                 if address != self._base + ready:
                     # The range may be unmapped now: this buffer must not be touched again.
+                    import ctypes
+
                     errno = ctypes.get_errno()
                     raise MemoryError(
                         f"could not map {size} bytes for a frame of {self.length} bytes "
