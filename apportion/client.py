@@ -470,7 +470,8 @@ class Client:
                     holder = None
             spec = self._restored_spec(state.spec, kept.value, holder)
             reply = await self._request_async({"op": "restore-argument", "task": spec})
-        except (OSError, CommClosedError, SchedulerConnectionError) as exc:
+        except (OSError, CommClosedError, SchedulerConnectionError, RuntimeError) as exc:
+            # (RuntimeError: this client was closed meanwhile)
             logger.warning("could not restore the lost argument %r: %s", key, exc)
             return
         if not reply.get("restored"):  # it no longer waits for a worker (its holder is back)
