@@ -97,7 +97,7 @@ def loopback_tcp_mb_per_s(nbytes: int = 200_000_000, whole: bool = False) -> flo
         start = time.perf_counter()
         sent = 0
         while sent < nbytes:
-            sent += conn.send(chunk[sent : nbytes] if whole else chunk[: nbytes - sent])
+            sent += conn.send(chunk[sent:nbytes] if whole else chunk[: nbytes - sent])
         conn.recv(1)
         elapsed = time.perf_counter() - start
         conn.close()
@@ -136,16 +136,20 @@ def describe(floor: dict[str, object] | None) -> str:
     trip = floor["round_trip_us"]
     assert isinstance(trip, dict)
     return (
-        f"Machine floor: a process-to-process round trip takes {trip['p50']:g} µs (p50) / "
-        f"{trip['p99']:g} µs (p99); sum(range(10**7)) takes {floor['cpu_loop_s']:g} s."
-    ) + (
-        f" Loopback TCP moves {floor['loopback_tcp_mb_per_s']:g} MB/s between two processes;"
-        f" memcpy {floor['memcpy_gb_per_s']:g} GB/s."
-        if "loopback_tcp_mb_per_s" in floor
-        else ""
-    ) + (
-        " 400 MB from one buffer into a new one in the other process:"
-        f" {floor['loopback_tcp_whole_400mb_mb_per_s']:g} MB/s."
-        if "loopback_tcp_whole_400mb_mb_per_s" in floor
-        else ""
+        (
+            f"Machine floor: a process-to-process round trip takes {trip['p50']:g} µs (p50) / "
+            f"{trip['p99']:g} µs (p99); sum(range(10**7)) takes {floor['cpu_loop_s']:g} s."
+        )
+        + (
+            f" Loopback TCP moves {floor['loopback_tcp_mb_per_s']:g} MB/s between two processes;"
+            f" memcpy {floor['memcpy_gb_per_s']:g} GB/s."
+            if "loopback_tcp_mb_per_s" in floor
+            else ""
+        )
+        + (
+            " 400 MB from one buffer into a new one in the other process:"
+            f" {floor['loopback_tcp_whole_400mb_mb_per_s']:g} MB/s."
+            if "loopback_tcp_whole_400mb_mb_per_s" in floor
+            else ""
+        )
     )
