@@ -43,11 +43,18 @@ from apportion.serialize import (
     Payload,
     content_token,
     dumps_args,
+    dumps_data,
     loads_exception,
     loads_value,
     tokenize,
 )
-from apportion.stored_args import choose_holder, large_arguments, replace
+from apportion.stored_args import (
+    KeptArgument,
+    argument_value,
+    choose_holder,
+    large_arguments,
+    replace,
+)
 from apportion.worker.context import current_task_key
 from apportion.worker.stored import stored_argument
 
@@ -135,6 +142,9 @@ class Client:
         self._key_counter = itertools.count()
         # Large arguments this client put on workers, by key: the worker holding each.
         self._stored_on: dict[str, str] = {}
+        # Their values, kept until the tasks that took them are done: put on another
+        # worker if their holder is lost first (see apportion/stored_args.py).
+        self._kept: dict[str, KeptArgument] = {}
         self._closed = False
         # Set when the scheduler is lost for good (reconnecting gave up), with the reason.
         self._lost: str | None = None
@@ -284,11 +294,12 @@ class Client:
         func_bytes = self._functions.dumps(func)
         args_bytes, deps = dumps_args(tuple(args), dict(kwargs), Future)
         arguments: tuple[Future, ...] = ()
+        kept: dict[str, Any] | None = None
         if len(args_bytes) >= OUT_OF_BAND_MIN_BYTES:
             threshold = int(config.get("client.store-argument-bytes"))
             stored = self._store_arguments(args, kwargs, options, pure, threshold)
             if stored is not None:
-                args, kwargs, arguments = stored
+                args, kwargs, arguments, kept = stored
                 args_bytes, deps = dumps_args(tuple(args), dict(kwargs), Future)
         if key is None:
             name = prefix or getattr(func, "__name__", type(func).__name__)
@@ -344,15 +355,18 @@ class Client:
                     state.deps = list(filter(None, map(states.get, deps)))  # at C speed
             else:
                 state = known  # type: ignore[assignment]
+        if kept:
+            self._keep(kept, key, state, options)
         future = Future(key, self, state)
         return (spec if fresh else None), future
 
     def _store_arguments(
         self, args: Any, kwargs: dict, options: dict[str, Any], pure: bool, threshold: int
-    ) -> tuple[tuple, dict, tuple[Future, ...]] | None:
+    ) -> tuple[tuple, dict, tuple[Future, ...], dict[str, Any]] | None:
         """Put the arguments pickling to ``threshold`` bytes or more on a worker that can
         run the task, each as a future of its own (apportion/stored_args.py); returns the
-        arguments with those futures in their place. None: they go with the task (none
+        arguments with those futures in their place, and their values by key (to keep
+        until the task is done). None: they go with the task (none
         is that large, no connected worker could run the task, called on the I/O thread,
         which cannot wait for the transfer, or by an AsyncClient, whose caller's event
         loop must not wait for it either)."""
@@ -366,6 +380,7 @@ class Client:
         if holder is None:
             return None
         futures: dict[int | str, Future] = {}
+        values: dict[str, Any] = {}
         for position, value, payload in found:
             token = (
                 content_token(payload)
@@ -373,6 +388,7 @@ class Client:
                 else f"{self._key_prefix}{next(self._key_counter):012x}"
             )
             key = f"{type(value).__name__}-{token}"
+            values[key] = value
             with self._lock:
                 known = self._states.get(key)
             if known is not None and known.status != "cancelled":
@@ -393,7 +409,93 @@ class Client:
                 self._enqueue([spec])  # before the task that depends on it
             futures[position] = future
         new_args, new_kwargs = replace(tuple(args), dict(kwargs), futures)
-        return new_args, new_kwargs, tuple(futures.values())
+        return new_args, new_kwargs, tuple(futures.values()), values
+
+    def _keep(
+        self, values: dict[str, Any], taker: str, state: FutureState, options: dict[str, Any]
+    ) -> None:
+        """Keep stored arguments (values by key) until the task ``taker`` is done."""
+        restriction: dict[str, Any] = {
+            k: options[k] for k in ("workers", "allow_other_workers") if k in options
+        }
+        with self._lock:
+            for key, value in values.items():
+                kept = self._kept.get(key)
+                if kept is None:
+                    kept = self._kept[key] = KeptArgument(value, options["resources"], restriction)
+                kept.takers.add(taker)
+        state.add_callback(lambda: self._taken(taker, list(values)))
+
+    def _taken(self, taker: str, keys: list[str]) -> None:
+        """The task ``taker`` is done: the stored arguments no other task waits for are
+        no longer kept here (their workers still hold them while their futures live)."""
+        with self._lock:
+            for key in keys:
+                kept = self._kept.get(key)
+                if kept is not None:
+                    kept.takers.discard(taker)
+                    if not kept.takers:
+                        del self._kept[key]
+
+    def _restore_lost(self, message: Message) -> Message:
+        """On the loop: the scheduler found no worker for these keys. Those of stored
+        arguments lost with their worker are put on another one; returns the notice
+        without them (the others are the user's to hear of)."""
+        keys = message["keys"]
+        lost = [key for key in keys if key in self._kept]
+        for key in lost:
+            background(self._restore(key))
+        return {**message, "keys": [key for key in keys if key not in lost]}
+
+    async def _restore(self, key: str) -> None:
+        """Put a stored argument whose holder was lost on another worker that could run
+        the tasks waiting for it, and have the scheduler take it from there; with no such
+        worker connected, its task carries the value itself (through the scheduler, as a
+        task's small arguments do), so that it runs on any worker."""
+        with self._lock:
+            kept = self._kept.get(key)
+            state = self._states.get(key)
+            lost = self._stored_on.get(key)
+        if kept is None or state is None or state.spec is None:
+            return
+        try:
+            workers = (await self._request_async({"op": "info"}))["workers"]
+            workers.pop(lost, None)
+            holder = choose_holder(workers, kept.demand, kept.options)
+            if holder is not None:
+                try:
+                    await self._put(holder, key, dumps_data(kept.value))
+                except (OSError, CommClosedError) as exc:
+                    logger.info("could not store %r again on %s: %s", key, holder, exc)
+                    holder = None
+            spec = self._restored_spec(state.spec, kept.value, holder)
+            reply = await self._request_async({"op": "restore-argument", "task": spec})
+        except (OSError, CommClosedError, SchedulerConnectionError, RuntimeError) as exc:
+            # (RuntimeError: this client was closed meanwhile)
+            logger.warning("could not restore the lost argument %r: %s", key, exc)
+            return
+        if not reply.get("restored"):  # it no longer waits for a worker (its holder is back)
+            if holder is not None:
+                self._drop_stored(key, holder)
+            return
+        logger.info("argument %r, lost with worker %s, restored on %s", key, lost, holder)
+        with self._lock:
+            state.spec = spec  # lineage, should the scheduler restart
+            if holder is not None:
+                self._stored_on[key] = holder
+            else:
+                self._stored_on.pop(key, None)
+
+    def _restored_spec(self, spec: Message, value: Any, holder: str | None) -> Message:
+        """The task of a stored argument taken from ``holder``, or with no holder,
+        carrying its value."""
+        spec = {k: v for k, v in spec.items() if k not in ("workers", "allow_other_workers")}
+        if holder is not None:
+            spec.update(worker_restriction(holder, False))
+        else:
+            spec["func"] = self._functions.dumps(argument_value)
+            spec["args"] = dumps_args((value,), {}, Future)[0]
+        return spec
 
     async def _put(self, address: str, key: str, payload: Payload) -> None:
         reply = await self._pool.request(address, {"op": "put-data", "key": key, "data": payload})
@@ -755,7 +857,10 @@ class Client:
             if state is not None:
                 state.who_has = list(message["who_has"])
         elif op == "no-worker":
-            self._warn_no_worker(message)
+            if self._kept:
+                message = self._restore_lost(message)
+            if message["keys"]:
+                self._warn_no_worker(message)
         elif op == "task-output":
             show_task_output(message)
         elif op in (

@@ -7,10 +7,18 @@ as data of its own key, a hash of its bytes. A small task of that key, restricte
 that worker, turns it into a result there (worker/stored.py), and the submitted task
 depends on it like on any future: the scheduler sees only keys. The argument is freed
 with the task's future (the task's state holds the argument's future).
+
+A stored argument lives on one worker, so the client keeps the value (a reference to what
+it was given, not a copy) until every task that took it is done. Should that worker be
+lost first, the scheduler finds no worker for the argument's key and says so; the client
+then puts the value on another worker that could run the task and has the scheduler take
+the key from there (scheduler/stored_arguments.py), or, with none connected, lets the
+value travel with the key's task.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from apportion.serialize import Payload, dumps_data
@@ -80,3 +88,19 @@ def choose_holder(
         rank = (not listed, info.get("processing", 0), info.get("nbytes", 0), address)
         candidates.append((rank, address))
     return min(candidates)[1] if candidates else None
+
+
+@dataclass
+class KeptArgument:
+    """A stored argument the client keeps while tasks that took it are not done."""
+
+    value: Any
+    demand: dict[str, float]  # the resources of the task it was chosen for
+    options: dict[str, Any]  # that task's ``workers=`` restriction, if any
+    takers: set[str] = field(default_factory=set)  # keys of the tasks not done yet
+
+
+def argument_value(value: Any) -> Any:
+    """The task of a stored argument that no worker holds any more and that travels with
+    its task instead (no connected worker could run the tasks that took it)."""
+    return value

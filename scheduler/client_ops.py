@@ -1,7 +1,7 @@
 """Client requests beyond tasks, for the scheduler's network shell: ``set-resources``,
-``run-on-scheduler``, ``upload-file``, ``task-stream``, ``restart`` (and ``coord``, the
-coordination primitives). Each handler answers ``{"op": "reply", "id": ...}``, with
-``error`` when refused.
+``run-on-scheduler``, ``upload-file``, ``task-stream``, ``restart``, ``restore-argument``
+(and ``coord``, the coordination primitives). Each handler answers
+``{"op": "reply", "id": ...}``, with ``error`` when refused.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from apportion.scheduler.restart import forget_all_tasks
+from apportion.scheduler.stored_arguments import restore_argument
+from apportion.scheduler.validation import check_submit
 from apportion.scheduler.worker_resources import set_resources
 
 from apportion.aio import background
@@ -133,6 +135,10 @@ def client_ops(server: Scheduler) -> dict[str, Handler]:
     def on_coord(client: str, comm: Comm, message: Message) -> None:
         server.coordination.handle(client, message)
 
+    def on_restore_argument(client: str, comm: Comm, message: Message) -> None:
+        (spec,) = check_submit({"tasks": [message.get("task")]})  # stored_arguments.py
+        reply(comm, message, restored=restore_argument(server.state, client, spec))
+
     return {
         "set-resources": on_set_resources,
         "run-on-scheduler": on_run_on_scheduler,
@@ -140,6 +146,7 @@ def client_ops(server: Scheduler) -> dict[str, Handler]:
         "task-stream": on_task_stream,
         "coord": on_coord,
         "restart": on_restart,
+        "restore-argument": on_restore_argument,
     }
 
 

@@ -59,7 +59,11 @@ class _LargeFrameReads(asyncio.BufferedProtocol):
         self.comm = comm
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.comm._reader.large_room()
+        try:
+            return self.comm._reader.large_room()
+        except ProtocolError as exc:  # no memory for the frame: the connection ends
+            self.comm._fail(exc)
+            raise
 
     def buffer_updated(self, nbytes: int) -> None:
         comm = self.comm
@@ -392,12 +396,19 @@ class Comm(asyncio.Protocol):
 
     def _write_parts(self, parts: list[Buffer]) -> None:
         """Write a frame of several parts (out-of-band buffers) without joining them: the
-        transport keeps views of what the kernel does not take at once."""
+        transport keeps views of what the kernel does not take at once (uvloop's; asyncio's
+        own plain TCP transport copies what the kernel did not take into its buffer)."""
         with self.write_lock:
             self._write_locked(parts[0])
             transport = self.transport
             if transport is not None and not transport.is_closing() and not self.closed:
-                transport.writelines(parts[1:])
+                if type(transport).writelines is asyncio.WriteTransport.writelines:
+                    # That writelines joins the parts into one bytes object first: a copy
+                    # of all of them on top of the transport's own.
+                    for part in parts[1:]:
+                        transport.write(part)
+                else:
+                    transport.writelines(parts[1:])
 
     def send_from_thread(self, messages: list[Message]) -> bool:
         """From any thread: write now when the connection is idle, saving the wake-up of

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import mmap
 from collections import deque
 
 from apportion.protocol.frames import HEADER_BYTES, ProtocolError, frame_length
+from apportion.protocol.pages import FrameBuffer
 
 # A frame this large is collected in a buffer of its own: an anonymous memory map of the
-# announced length, whose pages the system provides only as bytes are written to them,
-# so memory grows with what arrives (and the buffer never moves as it grows).
+# announced length, whose pages are made just ahead of the bytes written to them (see
+# pages.py), so memory grows with what arrives (and the buffer never moves as it grows).
 LARGE_FRAME_BYTES = 256 * 1024
 
 
@@ -44,7 +44,7 @@ class FrameReader:
         self._limit = max_frame if handshake_limit is None else handshake_limit
         self._partial = bytearray()  # the start of a frame not yet whole
         # A large frame being filled (the connection may read into it directly: large_room).
-        self.large: mmap.mmap | None = None
+        self.large: FrameBuffer | None = None
         self.large_length = 0  # what its header announced
         self._filled = 0  # how much of it arrived
 
@@ -64,7 +64,7 @@ class FrameReader:
         self._partial = bytearray()
         self.large = None
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         if self.large is not None:
             data = self._fill_large(data)
             if not data:
@@ -98,10 +98,9 @@ class FrameReader:
             end = start + HEADER_BYTES + length
             if end > size:
                 if length >= LARGE_FRAME_BYTES:
-                    arrived = view[start + HEADER_BYTES :]
-                    self.large = mmap.mmap(-1, length)
-                    self.large[: len(arrived)] = arrived
-                    self.large_length, self._filled = length, len(arrived)
+                    self.large = FrameBuffer(length)
+                    self.large_length, self._filled = length, 0
+                    self._fill_large(view[start + HEADER_BYTES :])
                     start = size
                 break
             self._queue(view[start + HEADER_BYTES : end])
@@ -112,21 +111,34 @@ class FrameReader:
         self.frames.append(payload)
         self.waiting_bytes += len(payload)
 
-    def _fill_large(self, data: bytes) -> bytes:
+    def _fill_large(self, data: bytes | memoryview) -> bytes | memoryview:
         """Append to the large frame being filled; returns the bytes past its end."""
         large = self.large
         assert large is not None
         take = min(self.large_length - self._filled, len(data))
-        large[self._filled : self._filled + take] = memoryview(data)[:take]
-        self._filled += take
+        taken = 0
+        while taken < take:
+            end = min(self._room(), self._filled + take - taken)
+            large.map[self._filled : end] = memoryview(data)[taken : taken + end - self._filled]
+            taken += end - self._filled
+            self._filled = end
         self._complete_large()
         return data[take:]
 
-    def large_room(self) -> memoryview:
-        """The part of the large frame being filled that has not arrived yet: a socket
-        may read straight into it (then call ``large_written``)."""
+    def _room(self) -> int:
+        """Where the made pages of the large frame end (more are made as needed)."""
         assert self.large is not None
-        return memoryview(self.large)[self._filled : self.large_length]
+        try:
+            return self.large.room(self._filled)
+        except MemoryError as exc:
+            self.drop_incomplete()  # its pages may be gone: never touched again
+            raise ProtocolError(str(exc)) from None
+
+    def large_room(self) -> memoryview:
+        """The part of the large frame being filled that is ready for the bytes still to
+        arrive: a socket may read straight into it (then call ``large_written``)."""
+        assert self.large is not None
+        return memoryview(self.large.map)[self._filled : self._room()]
 
     def large_written(self, count: int) -> None:
         """``count`` bytes were read into ``large_room()``."""
@@ -135,5 +147,5 @@ class FrameReader:
 
     def _complete_large(self) -> None:
         if self.large is not None and self._filled == self.large_length:
-            self._queue(memoryview(self.large))
+            self._queue(memoryview(self.large.map))
             self.large = None

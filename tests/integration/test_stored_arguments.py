@@ -6,12 +6,14 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 from apportion.worker.stored import waiting_keys
 
 from apportion import Client, LocalCluster
+from tests.integration.tasks import wait_for_file
 
 WORKERS = [{"name": "a", "resources": {"A": 1}}, {"name": "b", "resources": {"B": 1}}]
 MB = 1_000_000
@@ -118,3 +120,56 @@ def test_with_no_fitting_worker_the_argument_goes_with_the_task(client: Client) 
     waiting = client.submit(np.sum, argument, resources={"C": 1})
     assert not hasattr(waiting._state, "arguments")
     client.cancel([waiting])
+
+
+def _sum_after(array: np.ndarray, gate: str) -> float:
+    return float(array.sum())
+
+
+def _worker_names(client: Client) -> dict[str, str]:
+    return {address: w["name"] for address, w in client.scheduler_info()["workers"].items()}
+
+
+def test_an_argument_whose_worker_is_killed_before_its_task_runs_is_stored_again(
+    tmp_path: Path,
+) -> None:
+    workers = [
+        {"name": "g1", "resources": {"G": 1}},
+        {"name": "g2", "resources": {"G": 1}},
+        {"name": "plain"},
+    ]
+    with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
+        gate = client.submit(wait_for_file, str(tmp_path / "go"), workers="plain")
+        argument = np.random.default_rng(2).random(2 * MB // 8)
+        total = client.submit(_sum_after, argument, gate, resources={"G": 1})
+        (stored,) = total._state.arguments
+        wait_until(stored.done)  # held by its worker; the task still waits for the gate
+        holder = _worker_names(client)[stored._state.who_has[0]]
+        cluster.kill_worker(holder)
+        (tmp_path / "go").touch()
+        assert total.result(timeout=60) == pytest.approx(argument.sum())
+        survivor = ({"g1", "g2"} - {holder}).pop()
+        assert _worker_names(client)[total._state.who_has[0]] == survivor
+        assert client.check_invariants() == []
+
+
+@pytest.mark.filterwarnings("ignore::apportion.client.NoWorkerWarning")  # the task's, for G
+def test_with_no_fitting_worker_left_a_lost_argument_travels_with_its_task(
+    tmp_path: Path,
+) -> None:
+    workers = [{"name": "g1", "resources": {"G": 1}}, {"name": "plain"}]
+    with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
+        gate = client.submit(wait_for_file, str(tmp_path / "go"), workers="plain")
+        argument = np.random.default_rng(3).random(2 * MB // 8)
+        total = client.submit(_sum_after, argument, gate, resources={"G": 1})
+        (stored,) = total._state.arguments
+        wait_until(stored.done)
+        cluster.kill_worker("g1")
+        (tmp_path / "go").touch()
+        # No worker has G: the argument's value went with its task, to the one left.
+        wait_until(lambda: stored.done() and _worker_names(client).get(stored._state.who_has[0]))
+        assert _worker_names(client)[stored._state.who_has[0]] == "plain"
+        cluster.start_workers([{"name": "g3", "resources": {"G": 1}}])
+        assert total.result(timeout=60) == pytest.approx(argument.sum())
+        assert _worker_names(client)[total._state.who_has[0]] == "g3"
+        assert client.check_invariants() == []
