@@ -90,6 +90,15 @@ def host_identity() -> str:
 
 
 _identity: str | None = None
+# Turned off for the whole process (``switch``): the benchmark compares both paths.
+_switched_off = False
+
+
+def switch(on: bool) -> None:
+    """Share (or not) from now on, for every worker of this process; what is already in
+    shared memory stays there, and goes over TCP while sharing is off."""
+    global _switched_off
+    _switched_off = not on
 
 
 def _aligned(offset: int) -> int:
@@ -223,14 +232,18 @@ class SharedResults:
     does; an entry whose value is gone describes nothing)."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and bool(host_identity())
-        self.host = host_identity() if self.enabled else ""
+        self._enabled = enabled and bool(host_identity())
+        self.host = host_identity() if self._enabled else ""
         # key -> its segment, and the id of the value held on it (a key computed again
         # later holds another value: the old segment no longer describes it).
         self._segments: dict[str, tuple[Segment, int]] = {}
         self._lock = threading.Lock()
-        if self.enabled:
+        if self._enabled:
             _raise_descriptor_limit()
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled and not _switched_off
 
     def wanted(self, payload: Any) -> bool:
         return (
