@@ -495,7 +495,7 @@ class Worker:
                     f"comm.max-frame-bytes allows ({self.max_result_bytes:,}): return smaller "
                     "pieces (split the work) or raise comm.max-frame-bytes everywhere"
                 )
-            if self.shared.wanted(payload):
+            if type(payload) is Pickled and self.shared.wanted(payload):
                 value = self._share(task, value, payload)
             return True, value, payload, ""
         except Reschedule as exc:  # placed again: reported as given back (worker/state.py)
