@@ -69,7 +69,7 @@ def peak_rss_mb(_: Any = None) -> float:
 def share_memory_here(on: bool) -> None:
     """In an apportion worker process: hand large results to peers of this host through
     shared memory, or not."""
-    from apportion.worker import shared_memory
+    from apportion import shared_memory
 
     shared_memory.switch(on)
 

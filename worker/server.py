@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from apportion.worker import output, secession, shared_memory, stored, uploads
+from apportion.worker import output, secession, stored, uploads
 from apportion.worker.context import TaskInfo, WorkerInfo, set_current
 from apportion.worker.state import (
     Execute,
@@ -31,7 +31,7 @@ from apportion.worker.state import (
 )
 from tornado.ioloop import PeriodicCallback
 
-from apportion import config
+from apportion import config, shared_memory
 from apportion.aio import background
 from apportion.errors import Reschedule
 from apportion.logs import keep_recent_lines
@@ -105,7 +105,7 @@ class Worker:
         self.listener = Listener(self._serve_peer, token, roles=("peer", "client"))
         # Large arguments clients put here for their tasks (worker/stored.py).
         self.stored = stored.StoredArguments()
-        # Large results in shared memory, for peers on this host (worker/shared_memory.py).
+        # Large results in shared memory, for peers on this host (apportion/shared_memory.py).
         self.shared = shared_memory.SharedResults(bool(config.get("worker.shared-memory")))
         self.scheduler: Comm | None = None
         self.address = ""
@@ -632,7 +632,7 @@ class Worker:
             values = {key: held[key] for key in request["keys"] if key in held}
         reply: Message = {"op": "data", "id": request.get("id")}
         if self.shared.enabled and request.get("host") == self.shared.host:
-            # A peer on this host: it maps what is in shared memory (worker/shared_memory.py).
+            # A peer on this host: it maps what is in shared memory (apportion/shared_memory.py).
             shared = {}
             for key in list(values):
                 described = self.shared.describe(key, values[key])

@@ -1,4 +1,4 @@
-"""Large results between workers of one host through shared memory (worker/shared_memory.py),
+"""Large results between workers of one host through shared memory (apportion/shared_memory.py),
 on real processes: which path a transfer took (each worker's counters), that the bytes
 are right, that a peer elsewhere (another pid namespace, as another pod) or a cluster
 with it turned off gets them over TCP, and that no segment outlives its result: after
@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from apportion.worker import shared_memory
 
-from apportion import Client, LocalCluster, config
+from apportion import Client, LocalCluster, config, shared_memory
 from apportion.auth import TOKEN_ENV
 from tests.conftest import wait_until
 

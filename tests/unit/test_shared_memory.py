@@ -1,4 +1,4 @@
-"""worker/shared_memory.py in one process, on the real kernel: export, map, checks, fallbacks."""
+"""apportion/shared_memory.py in one process, on the real kernel: export, map, checks, fallbacks."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from apportion.worker import shared_memory
 
+from apportion import shared_memory
 from apportion.serialize import Pickled, dumps_data, loads_value
 
 
@@ -96,7 +96,7 @@ def test_a_result_that_does_not_fit_in_memory_is_kept_as_it_is() -> None:
         import os, resource, signal
         import numpy as np
         from apportion.serialize import dumps_data
-        from apportion.worker import shared_memory
+        from apportion import shared_memory
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
         array = np.arange(1_000_000, dtype="f8")

@@ -1,4 +1,5 @@
-"""Large results shared between the workers of one host through memory, not TCP.
+"""Large results shared through memory, not TCP, between the processes of one host
+(workers, and a client gathering from them).
 
 When a task's result pickles to ``SHARED_MIN_BYTES`` or more of out-of-band buffers
 (numpy arrays and the like), its worker writes those buffers once into an anonymous
@@ -7,7 +8,8 @@ rebuilt as a view of that file: the private copy the task made is freed, so the 
 still lives once in memory. A peer on the same host asking for the result gets a
 description of the file instead of its bytes (``describe``), opens it through
 ``/proc/<pid>/fd/<fd>`` of the holder and maps it (``open_described``): no byte crosses
-a socket, and the peer's array is a view of the same physical pages.
+a socket, and the peer's array is a view of the same physical pages. A client on the
+same host gathers the same way (``map_described``).
 
 Why a memfd and not a file in /dev/shm: its lifetime is the kernel's reference count.
 It lives while the holder keeps its descriptor open or anyone maps it, and vanishes
@@ -118,10 +120,11 @@ def _layout(payload: Pickled) -> tuple[list[tuple[int, int]], int]:
 class Segment:
     """A held result's shared-memory file, as a peer needs to find, check and read it.
 
-    Holds the mapping only weakly: the segment lives as long as the value built on it.
+    Holds the mapping only weakly: the segment lives as long as the value built on it
+    (a value's arrays hold views of the mapping, which holds the file).
     """
 
-    __slots__ = ("fd", "header", "mapping", "size", "spans", "token")
+    __slots__ = ("_closer", "fd", "header", "size", "spans", "token")
 
     def __init__(
         self,
@@ -133,17 +136,21 @@ class Segment:
         size: int,
     ) -> None:
         self.fd = fd
-        self.mapping = weakref.ref(mapping)
         self.token = token
         self.header = header
         self.spans = spans
         self.size = size
         # The descriptor goes when the last view of the mapping does (the value is freed).
-        weakref.finalize(mapping, os.close, fd)
+        self._closer = weakref.finalize(mapping, os.close, fd)
 
     @property
     def alive(self) -> bool:
-        return self.mapping() is not None
+        return self._closer.alive
+
+    def close_descriptor(self) -> None:
+        """Keep only the mapping (a reader that never shares it on): the file lives as
+        long as the mapping does."""
+        self._closer()
 
     def describe(self) -> list[Any]:
         """What a peer on this host needs to map it (see ``open_described``)."""
@@ -220,6 +227,17 @@ def open_described(description: Any) -> tuple[Pickled, Segment] | None:
         return None
     count("mapped")
     return result
+
+
+def map_described(description: Any) -> Pickled | None:
+    """``open_described`` for a process that only reads the result (a client): no
+    descriptor is kept, the mapping alone keeps the file."""
+    opened = open_described(description)
+    if opened is None:
+        return None
+    pickled, segment = opened
+    segment.close_descriptor()
+    return pickled
 
 
 def _fallback(reason: str) -> None:
