@@ -9,7 +9,7 @@ still lives once in memory. A peer on the same host asking for the result gets a
 description of the file instead of its bytes (``describe``), opens it through
 ``/proc/<pid>/fd/<fd>`` of the holder and maps it (``open_described``): no byte crosses
 a socket, and the peer's array is a view of the same physical pages. A client on the
-same host gathers the same way (``map_described``).
+same host gathers the same way (``get_data``), keeping only the mapping.
 
 Why a memfd and not a file in /dev/shm: its lifetime is the kernel's reference count.
 It lives while the holder keeps its descriptor open or anyone maps it, and vanishes
@@ -38,12 +38,14 @@ import mmap
 import os
 import resource
 import secrets
+import sys
 import threading
 import weakref
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from apportion.serialize import Pickled
+from apportion.serialize import Payload, Pickled
 
 logger = logging.getLogger("apportion.worker")
 
@@ -62,6 +64,10 @@ _SEALS = (
     | getattr(fcntl, "F_SEAL_WRITE", 8)
 )
 _WRITE_CHUNK = 1 << 26
+# Python's mmap keeps a descriptor of its own on the file (a duplicate) unless told not
+# to (3.13): so before 3.13 a shared result costs its holder two descriptors, a client's
+# gathered array one.
+_UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 # What moved how, in this process (for tests and for whoever wonders): results written
 # to shared memory ("exported"), served to a peer as a description ("served"), mapped
@@ -162,7 +168,9 @@ def _map(
 ) -> tuple[Pickled, Segment]:
     """Map ``fd`` privately (copy-on-write: writable arrays, the file never changes) and
     cut the buffers of ``header``'s pickle out of it."""
-    mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    mapping = mmap.mmap(
+        fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, **_UNTRACKED
+    )
     segment = Segment(fd, mapping, token, header, spans, size)
     view = memoryview(mapping)
     buffers = [view[offset : offset + length] for offset, length in spans]
@@ -229,15 +237,31 @@ def open_described(description: Any) -> tuple[Pickled, Segment] | None:
     return result
 
 
-def map_described(description: Any) -> Pickled | None:
-    """``open_described`` for a process that only reads the result (a client): no
-    descriptor is kept, the mapping alone keeps the file."""
-    opened = open_described(description)
-    if opened is None:
-        return None
-    pickled, segment = opened
-    segment.close_descriptor()
-    return pickled
+async def get_data(
+    request: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]], keys: list[str], host: str
+) -> tuple[dict[str, Payload], dict[str, Segment]]:
+    """Ask a holder (``request`` sends a message to it and returns its reply) for the
+    pickles of ``keys``: mapped from shared memory what it has there when ``host`` (this
+    process's ``host_identity``; empty: no sharing) is its host too, the rest (and what
+    cannot be mapped after all) as bytes. Returns the pickles by key (absent: not held
+    there) and the segments of those mapped."""
+    message: dict[str, Any] = {"op": "get-data", "keys": keys}
+    if host:
+        message["host"] = host
+    reply = await request(message)
+    payloads: dict[str, Payload] = dict(reply.get("data") or {})
+    segments: dict[str, Segment] = {}
+    unmapped = []
+    for key, described in (reply.get("shared") or {}).items():
+        opened = open_described(described)
+        if opened is None:
+            unmapped.append(key)
+        else:
+            payloads[key], segments[key] = opened
+    if unmapped:
+        again = await request({"op": "get-data", "keys": unmapped})
+        payloads.update(again.get("data") or {})
+    return payloads, segments
 
 
 def _fallback(reason: str) -> None:

@@ -386,17 +386,12 @@ class Worker:
     ) -> tuple[Payload | None, shared_memory.Segment | None]:
         """``key``'s pickle from ``holder`` (None: not held there): mapped from shared
         memory when the holder is on this host and has it there, else over TCP."""
-        request: Message = {"op": "get-data", "keys": [key]}
-        if self.shared.enabled:
-            request["host"] = self.shared.host
-        reply = await self.peers.request(holder, request)
-        described = reply.get("shared", {}).get(key)
-        if described is not None:
-            opened = shared_memory.open_described(described)
-            if opened is not None:
-                return opened
-            reply = await self.peers.request(holder, {"op": "get-data", "keys": [key]})
-        return reply.get("data", {}).get(key), None
+        payloads, segments = await shared_memory.get_data(
+            lambda message: self.peers.request(holder, message),
+            [key],
+            self.shared.host if self.shared.enabled else "",
+        )
+        return payloads.get(key), segments.get(key)
 
     # --------------------------------------------------------------- execution
     def _task_thread(self) -> None:

@@ -149,6 +149,27 @@ def test_segments_are_freed_when_results_are_released_and_when_the_client_closes
     wait_until(lambda: not segments_anywhere(held), what="segment freed after client close")
 
 
+def test_a_client_on_the_same_host_maps_what_it_gathers(cluster: LocalCluster) -> None:
+    with Client(cluster) as client:
+        mapped = shared_memory.counters["mapped"]
+        made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
+        gathered = made.result(timeout=60)
+        assert shared_memory.counters["mapped"] == mapped + 1
+        np.testing.assert_array_equal(gathered, np.arange(N, dtype="f8"))
+        assert mapped_from_shared_memory(gathered)
+        gathered[0] = 7.0  # the client's own copy (copy-on-write)...
+        assert client.submit(np.sum, made, resources={"A": 1}).result(timeout=60) == pytest.approx(
+            N * (N - 1) / 2
+        )  # ...the worker's is unchanged
+        held = segments(os.getpid())
+        assert len(held) == 1
+        del made  # released on the cluster: the client's array stays whole
+        wait_until(lambda: not cluster_segments(cluster), what="released on the workers")
+        assert gathered[1:].sum() == pytest.approx(N * (N - 1) / 2)
+        del gathered
+        assert not segments_anywhere(held)
+
+
 def test_no_segment_outlives_its_cluster() -> None:
     names = shm_entries()
     with LocalCluster(workers=TWO_WORKERS) as cluster, Client(cluster) as client:
@@ -164,7 +185,7 @@ def test_after_sigkill_of_the_maker_its_segment_is_gone_and_the_result_is_recomp
     workers = [{"name": "a"}, {"name": "b"}]
     with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
         made = client.submit(np.arange, N, dtype="f8", workers=["a"], allow_other_workers=True)
-        assert made.result(timeout=60).shape == (N,)  # the client's copy came over TCP
+        assert client.submit(np.size, made, workers=["a"]).result(timeout=60) == N
         maker = cluster.worker_pids["a"]
         held = segments(maker)
         assert len(held) == 1
