@@ -141,8 +141,8 @@ SETTINGS: tuple[Setting, ...] = (
         "worker.shared-memory",
         "boolean",
         True,
-        "Workers on one host hand each other results of 1 MiB or more through shared "
-        "memory instead of TCP; false: always TCP.",
+        "Workers (and clients) on one host hand each other results of 1 MiB or more "
+        "through shared memory instead of TCP; false: always TCP.",
     ),
     Setting(
         "client.store-argument-bytes",

@@ -222,10 +222,11 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
     (MB/s; each includes one small task's round trip); then the peak resident memory of
     the sending worker, the client and a receiving worker (MB, over all sizes).
 
-    Worker to worker is measured over the network path (TCP; a system that can turn its
-    shared memory off, ``session.share_memory``, does so for it and for gather) and, for
-    systems whose workers of one host share memory, through that ("shared memory" rows:
-    apportion with sharing on, Ray, whose object store always is)."""
+    Worker to worker and gather are measured over the network path (TCP; a system that
+    can turn its shared memory off, ``session.share_memory``, does so for them) and, for
+    systems whose processes of one host share memory, through that ("shared memory"
+    rows: apportion with sharing on; Ray, whose object store always is). A gathered
+    array from shared memory is a mapping, not yet read: those rows time the hand-over."""
     import numpy as np
 
     share = getattr(session, "share_memory", None)
@@ -254,7 +255,11 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
             array, shared_total, seconds = _worker_to_worker(session, nbytes)
             metrics[f"data_{mb}mb_worker_to_worker_shared_mb_per_s"] = mb / seconds
             assert shared_total == total, "data: wrong answer"
-            del array
+            start = time.perf_counter()
+            gathered = session.result(array)
+            metrics[f"data_{mb}mb_gather_shared_mb_per_s"] = mb / (time.perf_counter() - start)
+            assert gathered.nbytes == nbytes, "data: wrong answer"
+            del array, gathered
         local = np.ones(nbytes // 8)
         start = time.perf_counter()
         sent = session.result(session.submit(array_sum, local, resources={"GPU": 1}))
@@ -354,6 +359,7 @@ METRICS: list[Metric] = [
             ("worker_to_worker", "worker to worker"),
             ("worker_to_worker_shared", "worker to worker, shared memory"),
             ("gather", "client gather"),
+            ("gather_shared", "client gather, shared memory"),
             ("submit", "client submit as argument"),
         )
     ),
