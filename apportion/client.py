@@ -530,7 +530,7 @@ class Client:
             for segment in segments.values():
                 segment.close_descriptor()  # the mapping is enough here: never shared on
             for state in states:
-                data = payloads.get(state.key)
+                data: Any = payloads.get(state.key)  # a Pickled or bytes
                 if data is None:
                     raise self._gone(state.key, f"worker {address} no longer holds")
                 state.store(data)
