@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import subprocess
@@ -131,3 +132,48 @@ def test_the_host_identity_names_the_kernel_boot_and_pid_namespace() -> None:
 @pytest.mark.parametrize("bad", [None, [1, 2], ["x", 3, b"", 10, b"", []]])
 def test_a_malformed_description_is_refused(bad: object) -> None:
     assert shared_memory.open_described(bad) is None
+
+
+class Holder:
+    """Stands in for a holder's connection: answers get-data as a worker does."""
+
+    def __init__(self, shared: dict[str, object], data: dict[str, object]) -> None:
+        self.shared, self.data = shared, data
+        self.requests: list[dict] = []
+
+    async def request(self, message: dict) -> dict:
+        self.requests.append(message)
+        keys = message["keys"]
+        if message.get("host"):
+            shared = {k: d for k, d in self.shared.items() if k in keys}
+            data = {k: v for k, v in self.data.items() if k in keys and k not in shared}
+            return {"op": "data", "shared": shared, "data": data}
+        return {"op": "data", "data": {k: v for k, v in self.data.items() if k in keys}}
+
+
+def test_get_data_maps_what_it_can_and_asks_again_for_the_bytes_of_the_rest() -> None:
+    array, payload = large_pickle()
+    exported = shared_memory.export(payload)
+    assert exported is not None
+    value = loads_value(exported[0])
+    good = exported[1].describe()
+    stale = [*good[:2], b"not the token....", *good[3:]]
+    holder = Holder(
+        {"mapped": good, "stale": stale}, {"mapped": b"", "stale": b"bytes", "small": b"s"}
+    )
+    payloads, segments = asyncio.run(
+        shared_memory.get_data(holder.request, ["mapped", "stale", "small"], "here")
+    )
+    np.testing.assert_array_equal(loads_value(payloads["mapped"]), array)
+    assert payloads["stale"] == b"bytes" and payloads["small"] == b"s"
+    assert list(segments) == ["mapped"]
+    assert [r.get("host") for r in holder.requests] == ["here", None]
+    assert holder.requests[1]["keys"] == ["stale"]  # only what could not be mapped
+    del value
+
+
+def test_get_data_without_a_host_asks_for_bytes_only() -> None:
+    holder = Holder({}, {"k": b"v"})
+    payloads, segments = asyncio.run(shared_memory.get_data(holder.request, ["k", "gone"], ""))
+    assert payloads == {"k": b"v"} and segments == {}
+    assert holder.requests == [{"op": "get-data", "keys": ["k", "gone"]}]
