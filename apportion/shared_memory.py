@@ -47,7 +47,7 @@ from typing import Any
 
 from apportion.serialize import Payload, Pickled
 
-logger = logging.getLogger("apportion.worker")
+logger = logging.getLogger("apportion.shared_memory")
 
 # Below this, a result's buffers travel over TCP: writing them to a file of their own
 # and mapping it on the other side costs more than sending them.
@@ -312,7 +312,7 @@ class SharedResults:
 
 
 def _raise_descriptor_limit() -> None:
-    """Each shared result held costs a descriptor: allow as many as the system lets us."""
+    """Each shared result held costs descriptors: allow as many as the system lets us."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = 1 << 20 if hard == resource.RLIM_INFINITY else hard
     if soft != resource.RLIM_INFINITY and soft < wanted:
