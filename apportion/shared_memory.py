@@ -280,6 +280,10 @@ class SharedResults:
         # later holds another value: the old segment no longer describes it).
         self._segments: dict[str, tuple[Segment, int]] = {}
         self._lock = threading.Lock()
+        # Whether a process of this host (a peer, a client) asked here for data: until
+        # then nobody would map a result, and writing it to shared memory would only cost
+        # (a worker alone on its host, as in a Kubernetes pod of its own, never pays).
+        self.asked_from_host = False
         if self._enabled:
             _raise_descriptor_limit()
 
@@ -289,7 +293,8 @@ class SharedResults:
 
     def wanted(self, payload: Any) -> bool:
         return (
-            self.enabled
+            self.asked_from_host
+            and self.enabled
             and isinstance(payload, Pickled)
             and payload.nbytes - len(payload.header) >= SHARED_MIN_BYTES
         )
@@ -300,6 +305,14 @@ class SharedResults:
             self._segments[key] = (segment, id(value))
             if len(self._segments) % 64 == 0:  # drop the entries of freed values now and then
                 self._segments = {k: e for k, e in self._segments.items() if e[0].alive}
+
+    def asked_by(self, host: Any) -> bool:
+        """Whether a request from ``host`` comes from this host (and sharing is on);
+        from the first one on, large results go to shared memory."""
+        if host != self.host or not self.enabled:
+            return False
+        self.asked_from_host = True
+        return True
 
     def describe(self, key: str, value: Any) -> list[Any] | None:
         """How a peer on this host maps ``key`` held as ``value``; None if it is not in

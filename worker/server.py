@@ -626,7 +626,7 @@ class Worker:
             held = self.state.data
             values = {key: held[key] for key in request["keys"] if key in held}
         reply: Message = {"op": "data", "id": request.get("id")}
-        if self.shared.enabled and request.get("host") == self.shared.host:
+        if "host" in request and self.shared.asked_by(request["host"]):
             # A peer on this host: it maps what is in shared memory (apportion/shared_memory.py).
             shared = {}
             for key in list(values):

@@ -71,6 +71,13 @@ def shm_entries() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if "apportion" in name}
 
 
+def introduce(client: Client, names: list[str] = ["a", "b"]) -> None:  # noqa: B006
+    """The client, on the workers' host, gathers a result from each: from then on they
+    write large results to shared memory (nobody on their host had asked before)."""
+    for name in names:
+        assert client.submit(np.ones, 20_000, workers=[name], pure=False).result(timeout=60)[0]
+
+
 def scribble(x: np.ndarray) -> float:
     """A task writing to its input: changes its own copy only."""
     x[:] = -1.0
@@ -99,6 +106,7 @@ def test_a_large_result_moves_between_workers_of_one_host_through_shared_memory(
     cluster: LocalCluster,
 ) -> None:
     with Client(cluster) as client:
+        introduce(client)
         before = counts(client, cluster)
         made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
         total = client.submit(np.sum, made, resources={"B": 1})
@@ -119,6 +127,22 @@ def test_a_large_result_moves_between_workers_of_one_host_through_shared_memory(
         assert client.check_invariants() == []
 
 
+def test_a_worker_nobody_on_its_host_asked_keeps_its_results_private() -> None:
+    """As a worker alone in its Kubernetes pod: nothing to share with, no copy made."""
+    with LocalCluster(workers=TWO_WORKERS) as cluster, Client(cluster) as client:
+        made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
+        assert client.submit(np.size, made, resources={"A": 1}).result(timeout=60) == N
+        assert not counts(client, cluster)["a"] and not cluster_segments(cluster)
+        # b's fetch is the first request from a's host: this one goes over TCP...
+        assert client.submit(np.size, made, resources={"B": 1}).result(timeout=60) == N
+        assert counts(client, cluster) == {"a": {}, "b": {}}
+        # ...and the next large result is shared.
+        again = client.submit(np.arange, N, dtype="f8", resources={"A": 1}, pure=False)
+        assert client.submit(np.sum, again, resources={"B": 1}).result(timeout=60) > 0
+        found = counts(client, cluster)
+        assert found["a"] == {"exported": 1, "served": 1} and found["b"] == {"mapped": 1}
+
+
 def test_small_results_keep_going_over_tcp(cluster: LocalCluster) -> None:
     with Client(cluster) as client:
         before = counts(client, cluster)
@@ -132,6 +156,7 @@ def test_segments_are_freed_when_results_are_released_and_when_the_client_closes
     cluster: LocalCluster,
 ) -> None:
     with Client(cluster) as client:
+        introduce(client)
         wait_until(lambda: not cluster_segments(cluster), what="no segment held before")
         made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
         total = client.submit(np.sum, made, resources={"B": 1})
@@ -151,6 +176,7 @@ def test_segments_are_freed_when_results_are_released_and_when_the_client_closes
 
 def test_a_client_on_the_same_host_maps_what_it_gathers(cluster: LocalCluster) -> None:
     with Client(cluster) as client:
+        introduce(client)
         mapped = shared_memory.counters["mapped"]
         made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
         gathered = made.result(timeout=60)
@@ -173,6 +199,7 @@ def test_a_client_on_the_same_host_maps_what_it_gathers(cluster: LocalCluster) -
 def test_no_segment_outlives_its_cluster() -> None:
     names = shm_entries()
     with LocalCluster(workers=TWO_WORKERS) as cluster, Client(cluster) as client:
+        introduce(client)
         made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
         assert client.submit(np.sum, made, resources={"B": 1}).result(timeout=60) > 0
         held = cluster_segments(cluster)
@@ -184,6 +211,7 @@ def test_no_segment_outlives_its_cluster() -> None:
 def test_after_sigkill_of_the_maker_its_segment_is_gone_and_the_result_is_recomputed() -> None:
     workers = [{"name": "a"}, {"name": "b"}]
     with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
+        introduce(client, ["a"])
         made = client.submit(np.arange, N, dtype="f8", workers=["a"], allow_other_workers=True)
         assert client.submit(np.size, made, workers=["a"]).result(timeout=60) == N
         maker = cluster.worker_pids["a"]
@@ -198,6 +226,7 @@ def test_after_sigkill_of_the_maker_its_segment_is_gone_and_the_result_is_recomp
 
 def test_a_mapped_copy_stays_valid_after_sigkill_of_the_maker_and_is_freed_on_release() -> None:
     with LocalCluster(workers=TWO_WORKERS) as cluster, Client(cluster) as client:
+        introduce(client)
         made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
         assert client.submit(np.sum, made, resources={"B": 1}).result(timeout=60) > 0
         held = segments(cluster.worker_pids["a"])
@@ -217,6 +246,7 @@ def test_with_shared_memory_turned_off_results_go_over_tcp() -> None:
         LocalCluster(workers=TWO_WORKERS) as cluster,
         Client(cluster) as client,
     ):
+        introduce(client)
         made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
         total = client.submit(np.sum, made, resources={"B": 1})
         assert total.result(timeout=60) == pytest.approx(N * (N - 1) / 2)
@@ -248,6 +278,7 @@ def test_a_worker_in_another_pid_namespace_gets_the_bytes_over_tcp(tmp_path: Pat
         )
         try:
             client.wait_for_workers(2, timeout=60)
+            introduce(client, ["a"])  # a shares from now on (the client is on its host)
             made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
             total = client.submit(np.sum, made, resources={"B": 1})
             assert total.result(timeout=60) == pytest.approx(N * (N - 1) / 2)

@@ -116,6 +116,9 @@ def test_a_result_that_does_not_fit_in_memory_is_kept_as_it_is() -> None:
 
 def test_results_are_shared_from_one_mebibyte_of_buffers() -> None:
     shared = shared_memory.SharedResults(enabled=True)
+    assert not shared.wanted(dumps_data(np.ones(1 << 20)))  # nobody on this host asked yet
+    assert not shared.asked_by("another host")
+    assert shared.asked_by(shared_memory.host_identity())
     assert not shared.wanted(b"x" * (2 << 20))  # plain bytes: nothing out of band
     assert not shared.wanted(dumps_data(np.ones(shared_memory.SHARED_MIN_BYTES // 8 - 1)))
     assert shared.wanted(dumps_data(np.ones(shared_memory.SHARED_MIN_BYTES // 8)))
