@@ -2,7 +2,8 @@
 (workers, and a client gathering from them).
 
 When a task's result pickles to ``SHARED_MIN_BYTES`` or more of out-of-band buffers
-(numpy arrays and the like), its worker writes those buffers once into an anonymous
+(numpy arrays and the like), and a process of this host has asked its worker for data
+before (else nobody here would map it), the worker writes those buffers once into an anonymous
 shared-memory file (``memfd_create``, sealed against any change), and holds the value
 rebuilt as a view of that file: the private copy the task made is freed, so the result
 still lives once in memory. A peer on the same host asking for the result gets a
