@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
 
-from apportion import cluster_ops, config
+from apportion import cluster_ops, config, shared_memory
 from apportion.aio import background, new_event_loop
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
@@ -618,17 +618,24 @@ class Client:
                 raise self._gone(future.key, "no worker holds the result of")
             by_worker.setdefault(state.who_has[0], []).append(state)
 
+        # A worker on this host hands over large results as shared memory to map.
+        host = shared_memory.host_identity() if config.get("worker.shared-memory") else ""
+
         async def fetch_from(address: str, states: list[FutureState]) -> None:
             try:
-                reply = await self._pool.request(
-                    address, {"op": "get-data", "keys": [s.key for s in states]}
+                payloads, segments = await shared_memory.get_data(
+                    lambda message: self._pool.request(address, message),
+                    [s.key for s in states],
+                    host,
                 )
             except (OSError, CommClosedError) as exc:
                 raise SchedulerConnectionError(
                     f"could not fetch results from worker {address}: {exc}"
                 ) from exc
+            for segment in segments.values():
+                segment.close_descriptor()  # the mapping is enough here: never shared on
             for state in states:
-                data = reply["data"].get(state.key)
+                data: Any = payloads.get(state.key)  # a Pickled or bytes
                 if data is None:
                     raise self._gone(state.key, f"worker {address} no longer holds")
                 state.store(data)

@@ -147,6 +147,13 @@ SETTINGS: tuple[Setting, ...] = (
         "Results up to this many bytes travel with the completion message.",
     ),
     Setting(
+        "worker.shared-memory",
+        "boolean",
+        True,
+        "Workers (and clients) on one host hand each other results of 1 MiB or more "
+        "through shared memory instead of TCP; false: always TCP.",
+    ),
+    Setting(
         "client.store-argument-bytes",
         "integer",
         1024 * 1024,

@@ -66,6 +66,14 @@ def peak_rss_mb(_: Any = None) -> float:
     return float("nan")
 
 
+def share_memory_here(on: bool) -> None:
+    """In an apportion worker process: hand large results to peers of this host through
+    shared memory, or not."""
+    from apportion import shared_memory
+
+    shared_memory.switch(on)
+
+
 # ----------------------------------------------------------------------------- sizes
 
 
@@ -197,13 +205,32 @@ def stream(session: Session, sizes: Sizes) -> dict[str, float]:
     }
 
 
+def _worker_to_worker(session: Session, nbytes: int) -> tuple[Any, float, float]:
+    """An array made on bigmem (untimed), then summed on a GPU worker: the array's
+    future, the sum and the seconds the sum took."""
+    array = session.submit(make_array, nbytes, resources={"MEMORY": 1})
+    # Made (and only then timed): a task on the same worker reads its size.
+    assert session.result(session.submit(array_nbytes, array, resources={"MEMORY": 1}))
+    start = time.perf_counter()
+    total = session.result(session.submit(array_sum, array, resources={"GPU": 1}))
+    return array, total, time.perf_counter() - start
+
+
 def data(session: Session, sizes: Sizes) -> dict[str, float]:
     """numpy arrays of each size on the seed cluster: made on bigmem, summed on a GPU worker
     (worker to worker), gathered by the client, and sent by the client as an argument
     (MB/s; each includes one small task's round trip); then the peak resident memory of
-    the sending worker, the client and a receiving worker (MB, over all sizes)."""
+    the sending worker, the client and a receiving worker (MB, over all sizes).
+
+    Worker to worker and gather are measured over the network path (TCP; a system that
+    can turn its shared memory off, ``session.share_memory``, does so for them) and, for
+    systems whose processes of one host share memory, through that ("shared memory"
+    rows: apportion with sharing on; Ray, whose object store always is). A gathered
+    array from shared memory is a mapping, not yet read: those rows time the hand-over."""
     import numpy as np
 
+    share = getattr(session, "share_memory", None)
+    always_shared = getattr(session, "SHARES_MEMORY", False)
     metrics: dict[str, float] = {}
     # Untimed: connections between the workers and to the client are opened first.
     warm = session.submit(make_array, 1_000_000, resources={"MEMORY": 1})
@@ -213,17 +240,26 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
     del warm
     for mb in sizes.data_mb:
         nbytes = mb * 1_000_000
-        array = session.submit(make_array, nbytes, resources={"MEMORY": 1})
-        # Made (and only then timed): a task on the same worker reads its size.
-        assert session.result(session.submit(array_nbytes, array, resources={"MEMORY": 1}))
-        start = time.perf_counter()
-        total = session.result(session.submit(array_sum, array, resources={"GPU": 1}))
-        metrics[f"data_{mb}mb_worker_to_worker_mb_per_s"] = mb / (time.perf_counter() - start)
+        if share is not None:
+            share(False)
+        array, total, seconds = _worker_to_worker(session, nbytes)
+        metrics[f"data_{mb}mb_worker_to_worker_mb_per_s"] = mb / seconds
         start = time.perf_counter()
         gathered = session.result(array)
         metrics[f"data_{mb}mb_gather_mb_per_s"] = mb / (time.perf_counter() - start)
         assert gathered.nbytes == nbytes, "data: wrong answer"
         del array, gathered  # one payload alive at a time, for the peak memory figures
+        if share is not None:
+            share(True)
+        if share is not None or always_shared:
+            array, shared_total, seconds = _worker_to_worker(session, nbytes)
+            metrics[f"data_{mb}mb_worker_to_worker_shared_mb_per_s"] = mb / seconds
+            assert shared_total == total, "data: wrong answer"
+            start = time.perf_counter()
+            gathered = session.result(array)
+            metrics[f"data_{mb}mb_gather_shared_mb_per_s"] = mb / (time.perf_counter() - start)
+            assert gathered.nbytes == nbytes, "data: wrong answer"
+            del array, gathered
         local = np.ones(nbytes // 8)
         start = time.perf_counter()
         sent = session.result(session.submit(array_sum, local, resources={"GPU": 1}))
@@ -321,7 +357,9 @@ METRICS: list[Metric] = [
         for mb in Sizes().data_mb
         for what, label in (
             ("worker_to_worker", "worker to worker"),
+            ("worker_to_worker_shared", "worker to worker, shared memory"),
             ("gather", "client gather"),
+            ("gather_shared", "client gather, shared memory"),
             ("submit", "client submit as argument"),
         )
     ),

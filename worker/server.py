@@ -31,7 +31,7 @@ from apportion.worker.state import (
 )
 from tornado.ioloop import PeriodicCallback
 
-from apportion import config
+from apportion import config, shared_memory
 from apportion.aio import background
 from apportion.errors import Reschedule
 from apportion.logs import keep_recent_lines
@@ -42,6 +42,7 @@ from apportion.resources import format_resources, validate
 from apportion.serialize import (
     FunctionLoadCache,
     Payload,
+    Pickled,
     dumps_data,
     dumps_exception,
     dumps_value,
@@ -104,6 +105,8 @@ class Worker:
         self.listener = Listener(self._serve_peer, token, roles=("peer", "client"))
         # Large arguments clients put here for their tasks (worker/stored.py).
         self.stored = stored.StoredArguments()
+        # Large results in shared memory, for peers on this host (apportion/shared_memory.py).
+        self.shared = shared_memory.SharedResults(bool(config.get("worker.shared-memory")))
         self.scheduler: Comm | None = None
         self.address = ""
         # Room for the message around a result that must still fit in one frame.
@@ -359,8 +362,7 @@ class Worker:
         problems = []
         for holder in fetch.holders:
             try:
-                reply = await self.peers.request(holder, {"op": "get-data", "keys": [fetch.key]})
-                payload = reply.get("data", {}).get(fetch.key)
+                payload, segment = await self._get_from(holder, fetch.key)
                 if payload is None:
                     problems.append(f"{holder} does not hold it")
                     continue
@@ -371,6 +373,8 @@ class Worker:
                 problems.append(f"{holder}: {exc!r}")
                 continue
             del payload
+            if segment is not None:  # this replica can be shared in turn
+                self.shared.hold(fetch.key, segment, value)
             with self._lock:
                 instructions = self.state.fetched(fetch.key, value, fetch.epoch, size)
             del value
@@ -381,6 +385,18 @@ class Worker:
         with self._lock:
             instructions = self.state.fetch_failed(fetch.key, fetch.epoch, reason)
         self._carry_out(instructions)
+
+    async def _get_from(
+        self, holder: str, key: str
+    ) -> tuple[Payload | None, shared_memory.Segment | None]:
+        """``key``'s pickle from ``holder`` (None: not held there): mapped from shared
+        memory when the holder is on this host and has it there, else over TCP."""
+        payloads, segments = await shared_memory.get_data(
+            lambda message: self.peers.request(holder, message),
+            [key],
+            self.shared.host if self.shared.enabled else "",
+        )
+        return payloads.get(key), segments.get(key)
 
     # --------------------------------------------------------------- execution
     def _task_thread(self) -> None:
@@ -479,6 +495,8 @@ class Worker:
                     f"comm.max-frame-bytes allows ({self.max_result_bytes:,}): return smaller "
                     "pieces (split the work) or raise comm.max-frame-bytes everywhere"
                 )
+            if type(payload) is Pickled and self.shared.wanted(payload):
+                value = self._share(task, value, payload)
             return True, value, payload, ""
         except Reschedule as exc:  # placed again: reported as given back (worker/state.py)
             return False, exc, b"", ""
@@ -489,6 +507,32 @@ class Worker:
             secession.set_running(None, None)
             task.output = output.end()
             task.stop = time.time()
+
+    def _share(self, task: WorkerTask, value: Any, payload: Payload) -> Any:
+        """In a task thread: put a large result in shared memory, for peers on this host,
+        and return what to hold: the value rebuilt on that memory (the task's own copy
+        is then freed), or ``value`` itself where that cannot be done.
+
+        A client's stored argument stays where it is: the task it was stored for runs
+        here, so a copy would only cost (worker/stored.py)."""
+        assert isinstance(payload, Pickled)
+        if self.functions.loads(task.func) is stored.stored_argument:
+            return value
+        exported = shared_memory.export(payload)
+        if exported is None:
+            return value
+        shared_payload, segment = exported
+        del exported
+        try:
+            shared_value = loads_value(shared_payload)
+        except Exception:
+            logger.exception("result of %s not loadable from shared memory", task.key)
+            return value
+        del shared_payload
+        if not segment.alive:  # rebuilt as a copy (a bytearray...): nothing to share
+            return value
+        self.shared.hold(task.key, segment, shared_value)
+        return shared_value
 
     def _tell_clients(self, tell: TellClients) -> None:
         """Send a result to its waiting clients connected here, and name them in the
@@ -586,11 +630,20 @@ class Worker:
         with self._lock:
             held = self.state.data
             values = {key: held[key] for key in request["keys"] if key in held}
-        return {
-            "op": "data",
-            "id": request.get("id"),
-            "data": {key: dumps_data(value) for key, value in values.items()},
-        }
+        reply: Message = {"op": "data", "id": request.get("id")}
+        if "host" in request and self.shared.asked_by(request["host"]):
+            # A peer on this host: it maps what is in shared memory (apportion/shared_memory.py).
+            shared = {}
+            for key in list(values):
+                described = self.shared.describe(key, values[key])
+                if described is not None:
+                    shared[key] = described
+                    del values[key]
+            if shared:
+                reply["shared"] = shared
+                shared_memory.count("served", len(shared))
+        reply["data"] = {key: dumps_data(value) for key, value in values.items()}
+        return reply
 
 
 def _route_ip(scheduler_address: str) -> str:

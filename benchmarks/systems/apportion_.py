@@ -14,7 +14,7 @@ os.environ.setdefault("APPORTION_LOG_LEVEL", "WARNING")
 import apportion
 from apportion import Client, LocalCluster
 from benchmarks.systems.futures_session import FuturesSession
-from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes
+from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes, share_memory_here
 
 # Dask collections run through the client (benchmarks/dask_workloads.py).
 COMPUTES_DASK_COLLECTIONS = True
@@ -24,7 +24,11 @@ def version() -> str:
     return getattr(apportion, "__version__", "dev")
 
 
-ApportionSession = FuturesSession
+class ApportionSession(FuturesSession):
+    def share_memory(self, on: bool) -> None:
+        """Workers of this host hand each other large results through shared memory, or
+        not (the data workload measures both paths on one cluster)."""
+        self.client.run(share_memory_here, on)
 
 
 # APPORTION_BENCH_DASHBOARD=1: the scheduler serves HTTP and a dashboard page is open

@@ -26,6 +26,9 @@ def version() -> str:
 
 
 class RaySession:
+    # Its object store is shared memory: workers of one host always read results there.
+    SHARES_MEMORY = True
+
     def __init__(self) -> None:
         self._remotes: dict[tuple[Any, ...], Any] = {}
 
