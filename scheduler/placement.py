@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from apportion.scheduler.restrictions import RestrictedShape, explain_restricted, is_restricted
 
-from apportion.resources import Shape, fits, format_resources
+from apportion.resources import TOLERANCE, Shape, fits, format_resources
 
 if TYPE_CHECKING:
     from apportion.scheduler.model import TaskState, WorkerState
@@ -82,13 +82,24 @@ def outranks(ts: TaskState, other: TaskState) -> bool:
 
 
 def missing_units(shape: Shape, ws: WorkerState) -> float:
-    """How many units of ``shape`` are not free on ``ws`` now (0: it could start there)."""
-    free = ws.free
+    """How many units of ``shape`` runs on ``ws`` use now (0: nothing but a reservation,
+    or a slot, keeps it from starting there)."""
+    total, used = ws.total, ws.used
     missing = 0.0
     for name, amount in shape:
-        if free[name] < amount:
-            missing += amount - free[name]
+        unused = total[name] - used[name]
+        if unused < amount:
+            missing += amount - unused
     return missing
+
+
+def fits_unused(shape: Shape, ws: WorkerState) -> bool:
+    """Whether ``shape`` fits what no run on ``ws`` uses (its free units and those held)."""
+    total, used = ws.total, ws.used
+    for name, amount in shape:
+        if total.get(name, 0) - used.get(name, 0) + TOLERANCE < amount:
+            return False
+    return True
 
 
 def reserving_shapes(shapes: Iterable[Shape]) -> set[Shape]:
@@ -126,16 +137,14 @@ def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerSta
         if ws.slots == 0:
             continue
         holder = ws.reserved_for
-        if holder is None:
-            missing = missing_units(ts.shape, ws)
-        elif (  # outranks(ts, holder), inlined: most workers are reserved under load
-            ts.priority > holder.priority if ts.priority != holder.priority else ts.seq < holder.seq
+        if holder is not None and (  # not outranks(ts, holder), inlined: most workers are
+            ts.priority < holder.priority  # reserved under load
+            if ts.priority != holder.priority
+            else ts.seq >= holder.seq
         ):
-            # Units held for the task being displaced come free for ``ts``.
-            missing = missing_units(ts.shape, ws) - sum(ws.held.values())
-        else:
             continue
-        key = (missing, len(ws.processing))
+        # (Units held for a task being displaced come free for ``ts``.)
+        key = (missing_units(ts.shape, ws), len(ws.processing))
         if best is None or key < best_key:
             best, best_key = ws, key
     return best
@@ -313,24 +322,28 @@ class ReadyQueues:
         self.version += 1
         return queue.live()
 
-    def pop_for(self, ws: WorkerState, before: TaskState | None = None) -> TaskState | None:
-        """Remove and return the most urgent queued task ``ws`` can start now (only if it
-        outranks ``before``, when given)."""
-        best: TaskState | None = None
-        best_queue: _ShapeQueue | None = None
-        emptied = False
+    def pop_for(self, ws: WorkerState) -> TaskState | None:
+        """Remove and return the most urgent queued task ``ws`` can start now.
+
+        On a reserved worker, a task outranking its holder may take the units held for it,
+        and the holder starts once all its units are held (see ``_lend``); any other task
+        must fit the free units.
+        """
         free, fitting = ws.free, ws.fitting_shapes
         # The queues of the shapes ws could ever run, cached per version of the queues and
         # size of its fitting shapes (which only grow).
         if ws.menu_version != self.version or ws.menu_size != len(fitting):
-            # Every worker fits the empty demand (also when not in its fitting shapes), but
-            # not an empty demand restricted to some workers.
-            ws.menu = [
-                (s, q)
-                for s, q in self.by_shape.items()
-                if s in fitting or (not s and not is_restricted(s))
-            ]
-            ws.menu_version, ws.menu_size = self.version, len(fitting)
+            self._make_menu(ws)
+        holder = ws.reserved_for
+        if holder is not None:
+            lent = self._lend(ws, holder)
+            if lent is not None:
+                return lent
+            if ws.menu_version != self.version:  # _lend dropped emptied queues
+                self._make_menu(ws)
+        best: TaskState | None = None
+        best_queue: _ShapeQueue | None = None
+        emptied = False
         for shape, queue in ws.menu:
             if shape and not fits(shape, free):
                 continue
@@ -345,14 +358,62 @@ class ReadyQueues:
             self._drop_empty()
         if best is None or best_queue is None:
             return None
-        if before is not None and (  # outranks(best, before), inlined
-            best.priority < before.priority
-            if best.priority != before.priority
-            else best.seq >= before.seq
-        ):
-            return None
         best_queue.top.popleft()
         return best
+
+    def _make_menu(self, ws: WorkerState) -> None:
+        fitting = ws.fitting_shapes
+        # Every worker fits the empty demand (also when not in its fitting shapes), but not
+        # an empty demand restricted to some workers.
+        ws.menu = [
+            (s, q)
+            for s, q in self.by_shape.items()
+            if s in fitting or (not s and not is_restricted(s))
+        ]
+        ws.menu_version, ws.menu_size = self.version, len(fitting)
+
+    def _lend(self, ws: WorkerState, holder: TaskState) -> TaskState | None:
+        """On ``ws``, reserved for ``holder``: the most urgent task fitting what no run uses
+        (held units included) if it outranks the holder (taken out of its queue), else the
+        holder if all its units are held (left in its queue, where its entry is stale once
+        it runs), else None: then only tasks fitting the free units may start.
+
+        Held units are lent this way, when a task asks for them, rather than let go and
+        held again at every change of the worker's runs: the scan is the one a worker
+        without a reservation makes, with one more comparison.
+        """
+        total, used = ws.total, ws.used
+        best: TaskState | None = None
+        best_queue: _ShapeQueue | None = None
+        emptied = False
+        for shape, queue in ws.menu:
+            for name, amount in shape:  # fits_unused(shape, ws), inlined
+                if total[name] - used[name] + TOLERANCE < amount:
+                    break
+            else:
+                ts = queue.head()
+                if ts is None:
+                    emptied = True
+                elif best is None or (
+                    ts.priority > best.priority
+                    if ts.priority != best.priority
+                    else ts.seq < best.seq
+                ):
+                    best, best_queue = ts, queue
+        if emptied:
+            self._drop_empty()
+        if best is None or best_queue is None:
+            return None  # nothing fits even the held units
+        if best is not holder and (  # outranks(best, holder), inlined
+            best.priority > holder.priority
+            if best.priority != holder.priority
+            else best.seq < holder.seq
+        ):
+            best_queue.top.popleft()
+            return best
+        if best is holder or fits_unused(holder.shape, ws):
+            return holder
+        return None
 
     def _drop_empty(self) -> None:
         """Forget the queues found empty (their shape's head() returned None)."""

@@ -20,6 +20,13 @@ def reserved(sim: Sim) -> dict[str, str]:
     return {ws.address: ts.key for ws, ts in sim.state.reserved.items()}
 
 
+def set_aside(sim: Sim, address: str) -> dict[str, float]:
+    """The units a worker's reservation keeps from other tasks now: those of its demand
+    that no run uses (the rest of the demand is still in use, counted below zero in free)."""
+    ws = sim.state.workers[address]
+    return {name: min(held, ws.total[name] - ws.used[name]) for name, held in ws.held.items()}
+
+
 def test_a_large_demand_reserves_a_worker_and_smaller_ones_do_not_take_its_units(
     sim: Sim,
 ) -> None:
@@ -30,8 +37,9 @@ def test_a_large_demand_reserves_a_worker_and_smaller_ones_do_not_take_its_units
     assert reserved(sim) == {"w": "big"}
     sim.finish("one")
     # The unit that came free is held for "big": a new one-unit task waits...
-    assert sim.state.workers["w"].held == {"GPU": 1}
-    assert sim.state.workers["w"].free == {"GPU": 0}
+    assert sim.state.workers["w"].held == {"GPU": 2}  # its whole demand
+    assert set_aside(sim, "w") == {"GPU": 1}
+    assert sim.state.workers["w"].free == {"GPU": -1}  # a unit of it still in use
     sim.submit("three", resources={"GPU": 1})
     assert sim.states()["three"] == "queued"
     assert sim.outstanding() == ["two"]
@@ -80,14 +88,15 @@ def test_the_reservation_goes_to_the_worker_missing_the_fewest_units(sim: Sim) -
     assert sim.used(full) == {"GPU": 2} and sim.used(half) == {"GPU": 1}
     sim.submit("big", resources={"GPU": 2})
     assert reserved(sim) == {half: "big"}
-    assert sim.state.workers[half].free == {"GPU": 0}
+    assert set_aside(sim, half) == {"GPU": 1}
+    assert sim.state.workers[half].free == {"GPU": -1}
 
 
 def test_the_reservation_is_released_when_the_task_is_cancelled(sim: Sim) -> None:
     sim.add_worker("w", {"GPU": 2}, nthreads=4)
     sim.submit("one", resources={"GPU": 1})
     sim.submit("big", resources={"GPU": 2})
-    assert sim.state.workers["w"].free == {"GPU": 0}
+    assert sim.state.workers["w"].free == {"GPU": -1}
     sim.cancel("big")
     assert reserved(sim) == {}
     assert sim.state.workers["w"].held == {}
@@ -213,11 +222,11 @@ def test_a_newer_reservation_does_not_hold_back_an_older_small_task(sim: Sim) ->
     # The unit that comes free goes to "three", submitted before "big"...
     sim.finish("one")
     assert sim.outstanding() == ["three", "two"]
-    assert sim.state.workers["w"].held == {"GPU": 0}
+    assert set_aside(sim, "w") == {"GPU": 0}
     # ...and "big" holds the units after it.
     sim.submit("four", resources={"GPU": 1})
     sim.finish("two")
-    assert sim.state.workers["w"].held == {"GPU": 1}
+    assert set_aside(sim, "w") == {"GPU": 1}
     sim.finish("three")
     assert sim.outstanding() == ["big"]
     assert sim.states()["four"] == "queued"
