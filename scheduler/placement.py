@@ -17,6 +17,7 @@ import bisect
 import heapq
 import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -81,18 +82,6 @@ def outranks(ts: TaskState, other: TaskState) -> bool:
     return ts.seq < other.seq
 
 
-def missing_units(shape: Shape, ws: WorkerState) -> float:
-    """How many units of ``shape`` runs on ``ws`` use now (0: nothing but a reservation,
-    or a slot, keeps it from starting there)."""
-    total, used = ws.total, ws.used
-    missing = 0.0
-    for name, amount in shape:
-        unused = total[name] - used[name]
-        if unused < amount:
-            missing += amount - unused
-    return missing
-
-
 def fits_unused(shape: Shape, ws: WorkerState) -> bool:
     """Whether ``shape`` fits what no run on ``ws`` uses (its free units and those held)."""
     total, used = ws.total, ws.used
@@ -132,7 +121,9 @@ def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerSta
     taking no work (retiring), is never chosen.
     """
     best: WorkerState | None = None
-    best_key = (0.0, 0)
+    best_missing = 0.0
+    best_runs = 0
+    shape = ts.shape
     for ws in fitting:
         if ws.slots == 0:
             continue
@@ -143,10 +134,20 @@ def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerSta
             else ts.seq >= holder.seq
         ):
             continue
-        # (Units held for a task being displaced come free for ``ts``.)
-        key = (missing_units(ts.shape, ws), len(ws.processing))
-        if best is None or key < best_key:
-            best, best_key = ws, key
+        # The units of its demand in use there (held ones, for a task being displaced,
+        # would come free for ``ts``).
+        missing = 0.0
+        total, used = ws.total, ws.used
+        for name, amount in shape:
+            spare = total[name] - used[name]
+            if spare < amount:
+                missing += amount - spare
+        if (
+            best is None
+            or missing < best_missing
+            or (missing == best_missing and len(ws.processing) < best_runs)
+        ):
+            best, best_missing, best_runs = ws, missing, len(ws.processing)
     return best
 
 
@@ -270,6 +271,22 @@ class ReadyQueues:
         # The shapes whose queued tasks reserve a worker (see reserving_shapes), kept by
         # the scheduler's state.
         self.reserving: set[Shape] = set()
+        # Bounds on every reservation's holder so far: the newest submission and the
+        # lowest priority (see outranks_no_holder).
+        self.newest_holder = 0
+        self.lowest_holder: float = math.inf
+
+    def held_for(self, ts: TaskState) -> None:
+        """``ts`` holds a reservation now."""
+        if ts.seq > self.newest_holder:
+            self.newest_holder = ts.seq
+        if ts.priority < self.lowest_holder:
+            self.lowest_holder = ts.priority
+
+    def outranks_no_holder(self, ts: TaskState) -> bool:
+        """Whether ``ts`` surely outranks no task holding a reservation (it is newer than
+        all of them, and no more urgent than any): true of most newly queued tasks."""
+        return ts.seq > self.newest_holder and ts.priority <= self.lowest_holder
 
     def push(self, ts: TaskState) -> None:
         queue = self.by_shape.get(ts.shape)
@@ -297,10 +314,11 @@ class ReadyQueues:
         """The most urgent queued task of a reserving shape, not yet reserved, that ``ws``
         fits."""
         best: TaskState | None = None
-        fitting, reserving = ws.fitting_shapes, self.reserving
+        fitting, by_shape = ws.fitting_shapes, self.by_shape
         emptied = False
-        for shape, queue in self.by_shape.items():
-            if shape in reserving and shape in fitting:
+        for shape in self.reserving:
+            queue = by_shape.get(shape)
+            if queue is not None and shape in fitting:
                 ts = queue.first_unreserved()
                 if ts is not None and (best is None or outranks(ts, best)):
                     best = ts
@@ -423,5 +441,5 @@ class ReadyQueues:
         self.version += 1
 
 
-def _seq(ts: TaskState) -> int:
-    return ts.seq
+# The key of a lane's order (a C function: bisect calls it at every step).
+_seq = operator.attrgetter("seq")

@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from apportion.scheduler.adjustments import Adjustments
@@ -731,7 +731,14 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if adjusted is not None and adjusted.reacquire is not None:
                 adjusted.reacquire(ws)  # seceded runs asking for theirs back go first
             if ws.reserved_for is not None:
-                self._serve_reserved(ws)
+                # Its slots go first to the tasks outranking its holder, and to the holder
+                # (see ReadyQueues.pop_for), before any task this run's end makes ready.
+                processing, ready = ws.processing, self.ready
+                while len(processing) < ws.slots:
+                    next_ts = ready.pop_for(ws)
+                    if next_ts is None:
+                        break
+                    self._assign(next_ts, ws)
             if len(ws.processing) < ws.slots:
                 self.with_slots[ws] = None
         return ts
@@ -764,22 +771,15 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 if ts.state == "queued" and ts.reserved_on is None:
                     self._reserve(ts)
 
-    def _serve_reserved(self, ws: WorkerState) -> None:
-        """A run ended on a reserved worker: its slots go first to the tasks outranking the
-        holder and to the holder (see ReadyQueues.pop_for), before any newly ready task."""
-        processing, ready = ws.processing, self.ready
-        while len(processing) < ws.slots:
-            ts = ready.pop_for(ws)
-            if ts is None:
-                break
-            self._assign(ts, ws)
-
     def _reserve(self, ts: TaskState) -> None:
         """Reserve a worker for ``ts``, queued with resources, if one can be had."""
         failed_at = self._no_reservation.get(ts.shape)
         if failed_at is not None and ts.priority <= failed_at:
             return
-        ws = pick_reservation(ts, self.fitting[ts.shape])
+        fitting: Iterable[WorkerState] = self.fitting[ts.shape]
+        if self.ready.outranks_no_holder(ts):  # a reserved worker cannot be taken over
+            fitting = self.fitting[ts.shape] - self.reserved.keys()
+        ws = pick_reservation(ts, fitting)
         if ws is None:
             self._no_reservation[ts.shape] = ts.priority
             return
@@ -796,6 +796,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         ws.reserved_for = ts
         ts.reserved_on = ws
         self.reserved[ws] = ts
+        self.ready.held_for(ts)
         held, free = ws.held, ws.free
         complete = True
         for name, amount in ts.shape:
@@ -819,6 +820,31 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         for name in ws.held:
             free[name] = total[name] - used[name]
         ws.held = {}
+
+    def _pass_on(self, ts: TaskState) -> None:
+        """``ts`` left the queue: its worker passes to the next task waiting for one."""
+        ws = ts.reserved_on
+        assert ws is not None
+        nxt = (
+            self.ready.next_to_reserve(ws)
+            if ws.slots and ws.address in self.workers  # (else it takes no new work)
+            else None
+        )
+        if nxt is None or nxt.shape != ts.shape:
+            self._unreserve(ts)
+            if nxt is not None:
+                self._reserve_on(nxt, ws)
+            elif self._no_reservation:
+                self._no_reservation.clear()  # a worker free of reservations again
+            return
+        # The same demand: the units held stay held, for the next task (the usual case).
+        ts.reserved_on = None
+        ws.reserved_for = nxt
+        nxt.reserved_on = ws
+        self.reserved[ws] = nxt
+        self.ready.held_for(nxt)
+        if len(ws.processing) < ws.slots and fits_unused(nxt.shape, ws):
+            self._assign(nxt, ws)
 
     def _reserve_next(self, ws: WorkerState) -> None:
         """Pass a worker whose reservation ended to the next task waiting for one."""
@@ -872,11 +898,9 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             ts.no_worker_since = None
         elif old == "queued":
             # Its entry in the ready queues is dropped lazily; a reservation goes now.
-            reserved_on = ts.reserved_on
-            if reserved_on is not None:
+            if ts.reserved_on is not None:
                 ts.state = new
-                self._unreserve(ts)
-                self._reserve_next(reserved_on)
+                self._pass_on(ts)
                 return
         ts.state = new
 
