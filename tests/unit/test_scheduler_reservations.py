@@ -280,3 +280,91 @@ def test_the_next_task_to_reserve_is_found_again_after_losing_its_reservation() 
     again.state = "queued"
     queues.push(again)
     assert queue.first_unreserved() is again
+
+
+def test_a_reservation_holds_the_whole_demand_while_runs_come_and_go(sim: Sim) -> None:
+    # Held units are the task's whole demand from the start; free counts the units of it
+    # still in use below zero, so nothing is held again as runs end (or start on lent units).
+    sim.add_worker("w", {"GPU": 4}, nthreads=8)
+    for key in ("one", "two", "three"):
+        sim.submit(key, resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 3})
+    ws = sim.state.workers["w"]
+    assert reserved(sim) == {"w": "big"}
+    assert ws.held == {"GPU": 3} and ws.free == {"GPU": -2}
+    sim.finish("one")
+    assert ws.held == {"GPU": 3} and ws.free == {"GPU": -1}
+    sim.submit("small", resources={"GPU": 1})  # newer than "big": it may not borrow
+    assert sim.states()["small"] == "queued"
+    sim.finish("two")  # none of its units in use: it starts
+    assert sim.outstanding() == ["big", "three"]
+    assert reserved(sim) == {} and ws.held == {} and ws.free == {"GPU": 0}
+    sim.finish("three")
+    assert sim.outstanding() == ["big", "small"]
+    assert sim.state.check_invariants() == []
+
+
+def test_a_more_urgent_small_task_borrows_the_held_units(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("two", resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 2})
+    sim.submit("urgent", resources={"GPU": 1}, priority=5)  # outranks "big"
+    assert sim.states()["urgent"] == "queued"
+    sim.finish("one")
+    # The unit that came free was held for "big", and lent to "urgent", which outranks it.
+    assert sim.outstanding() == ["two", "urgent"]
+    assert reserved(sim) == {"w": "big"}
+    assert sim.state.workers["w"].free == {"GPU": -2}
+    sim.finish("two")
+    sim.finish("urgent")
+    assert sim.outstanding() == ["big"]
+
+
+def test_a_reservation_passed_to_the_same_demand_keeps_its_held_units(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("big1", resources={"GPU": 2})
+    sim.submit("big2", resources={"GPU": 2})
+    ws = sim.state.workers["w"]
+    assert reserved(sim) == {"w": "big1"}
+    sim.cancel("big1")
+    assert reserved(sim) == {"w": "big2"}
+    assert ws.held == {"GPU": 2} and ws.free == {"GPU": -1}
+    sim.submit("two", resources={"GPU": 1})
+    sim.finish("one")
+    assert sim.outstanding() == ["big2"]
+    assert sim.states()["two"] == "queued"
+
+
+def test_a_reservation_passed_to_another_demand_holds_that_demand(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 4}, nthreads=8)
+    for key in ("one", "two", "three"):
+        sim.submit(key, resources={"GPU": 1})
+    sim.submit("big3", resources={"GPU": 3})
+    sim.submit("big2", resources={"GPU": 2})
+    ws = sim.state.workers["w"]
+    assert reserved(sim) == {"w": "big3"} and ws.free == {"GPU": -2}
+    sim.cancel("big3")
+    assert reserved(sim) == {"w": "big2"}
+    assert ws.held == {"GPU": 2} and ws.free == {"GPU": -1}
+    sim.finish("one")
+    assert sim.outstanding() == ["big2", "three", "two"]
+
+
+def test_the_accounting_check_catches_a_reservation_holding_the_wrong_units(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 2})
+    ws = sim.state.workers["w"]
+    assert sim.state.check_invariants() == []
+    ws.held["GPU"] = 1  # as much as is free, not the whole demand
+    ws.free["GPU"] = 0
+    assert any("whose demand is" in p for p in sim.state.check_invariants())
+    ws.held["GPU"] = 2
+    assert any("free 0 != total - used - held" in p for p in sim.state.check_invariants())
+    ws.free["GPU"] = -1
+    assert sim.state.check_invariants() == []
+    sim.cancel("big")
+    ws.free["GPU"] = -1  # below zero with no reservation
+    assert any("below zero" in p for p in sim.state.check_invariants())
