@@ -6,9 +6,18 @@ prefer the worker holding most bytes of the task's dependencies, else an idle
 one (the scheduler offers the most recently idle first), else the least loaded one.
 
 Reservations: a task with resources that cannot start anywhere reserves one worker
-(``pick_reservation``); the units of its demand that come free there are held for it
-(they leave ``free``), so smaller demands cannot keep refilling them. Only demands that
-something smaller could starve reserve (``reserving_shapes``).
+(``pick_reservation``), so smaller demands cannot keep refilling the units it waits for.
+Only demands that something smaller could starve reserve (``reserving_shapes``).
+
+They are kept lazily, so that they cost little per placement. The reserved task's whole
+demand is held from the start (``held``, taken out of ``free``, which goes below zero by
+the units of it still in use): ``free`` then changes as on any worker when runs start and
+end, and nothing is let go and held again. What the reservation allows is worked out only
+when a task asks to start on the worker (``ReadyQueues.pop_for``): a task outranking the
+holder may take held units (it fits what no run uses), the holder starts once none of its
+units is in use, any other task must fit ``free``. A reservation passed on to a task of the
+same demand keeps its held units as they are; a newly queued task that outranks no holder
+(``ReadyQueues.outranks_no_holder``) looks only at unreserved workers.
 """
 
 from __future__ import annotations
