@@ -290,7 +290,7 @@ class ReadyQueues:
         if ts.seq > self.newest_holder:
             self.newest_holder = ts.seq
         if ts.priority < self.lowest_holder:
-            self.lowest_holder = ts.priority
+            self.lowest_holder = float(ts.priority)
 
     def outranks_no_holder(self, ts: TaskState) -> bool:
         """Whether ``ts`` surely outranks no task holding a reservation (it is newer than
