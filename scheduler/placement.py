@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import math
 import operator
 from collections import deque
@@ -245,11 +244,14 @@ class _ShapeQueue:
             start = bisect.bisect_right(top, self.passed_seq, key=_seq)
         passed = 0
         found: TaskState | None = None
-        for ts in itertools.islice(top, start, None):
+        end = len(top)
+        while start < end:
+            ts = top[start]  # (not islice, which would walk the entries before start)
             if ts.state == "queued" and ts.reserved_on is None:
                 found = ts
                 break
             passed = ts.seq
+            start += 1
         if passed:
             self.passed_lane, self.passed_seq = top, passed
         if found is not None:
