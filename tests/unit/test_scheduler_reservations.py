@@ -362,7 +362,7 @@ def test_the_accounting_check_catches_a_reservation_holding_the_wrong_units(sim:
     ws.free["GPU"] = 0
     assert any("whose demand is" in p for p in sim.state.check_invariants())
     ws.held["GPU"] = 2
-    assert any("free 0 != total - used - held" in p for p in sim.state.check_invariants())
+    assert any("!= total - used - held" in p for p in sim.state.check_invariants())
     ws.free["GPU"] = -1
     assert sim.state.check_invariants() == []
     sim.cancel("big")
