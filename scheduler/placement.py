@@ -192,7 +192,15 @@ class _ShapeQueue:
     always at its own seq, so the first copy met is the one taken.
     """
 
-    __slots__ = ("lanes", "order", "passed_lane", "passed_seq", "top", "top_priority")
+    __slots__ = (
+        "lanes",
+        "order",
+        "passed_index",
+        "passed_lane",
+        "passed_seq",
+        "top",
+        "top_priority",
+    )
 
     def __init__(self, priority: int) -> None:
         self.top: deque[TaskState] = deque()
@@ -204,6 +212,9 @@ class _ShapeQueue:
         # the queue). Reset when that stops being true (see ReadyQueues.unreserved).
         self.passed_lane: deque[TaskState] | None = None
         self.passed_seq = 0
+        # Where that was in the lane then: entries only leave its front (or the lane is
+        # reset), so it is now at most there.
+        self.passed_index = 0
 
     def lane(self, priority: int) -> deque[TaskState]:
         lane = self.lanes.get(priority)
@@ -241,7 +252,17 @@ class _ShapeQueue:
         top = self.top
         start = 0
         if self.passed_lane is top:
-            start = bisect.bisect_right(top, self.passed_seq, key=_seq)
+            # Usually a few entries left the front since: step back over them (cheap near
+            # the front of a deque, unlike bisect's probes in its middle).
+            passed_seq = self.passed_seq
+            start = min(self.passed_index, len(top))
+            steps = 0
+            while start > 0 and top[start - 1].seq > passed_seq:
+                start -= 1
+                steps += 1
+                if steps == 8:
+                    start = bisect.bisect_right(top, passed_seq, key=_seq)
+                    break
         passed = 0
         found: TaskState | None = None
         end = len(top)
@@ -254,6 +275,8 @@ class _ShapeQueue:
             start += 1
         if passed:
             self.passed_lane, self.passed_seq = top, passed
+        if self.passed_lane is top:
+            self.passed_index = start
         if found is not None:
             return found
         for priority in sorted(self.lanes, reverse=True):
