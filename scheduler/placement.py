@@ -6,24 +6,33 @@ prefer the worker holding most bytes of the task's dependencies, else an idle
 one (the scheduler offers the most recently idle first), else the least loaded one.
 
 Reservations: a task with resources that cannot start anywhere reserves one worker
-(``pick_reservation``); the units of its demand that come free there are held for it
-(they leave ``free``), so smaller demands cannot keep refilling them. Only demands that
-something smaller could starve reserve (``reserving_shapes``).
+(``pick_reservation``), so smaller demands cannot keep refilling the units it waits for.
+Only demands that something smaller could starve reserve (``reserving_shapes``).
+
+They are kept lazily, so that they cost little per placement. The reserved task's whole
+demand is held from the start (``held``, taken out of ``free``, which goes below zero by
+the units of it still in use): ``free`` then changes as on any worker when runs start and
+end, and nothing is let go and held again. What the reservation allows is worked out only
+when a task asks to start on the worker (``ReadyQueues.pop_for``): a task outranking the
+holder may take held units (it fits what no run uses), the holder starts once none of its
+units is in use, any other task must fit ``free``. A reservation passed on to a task of the
+same demand keeps its held units as they are; a newly queued task that outranks no holder
+(``ReadyQueues.outranks_no_holder``) looks only at unreserved workers.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from apportion.scheduler.restrictions import RestrictedShape, explain_restricted, is_restricted
 
-from apportion.resources import Shape, fits, format_resources
+from apportion.resources import TOLERANCE, Shape, fits, format_resources
 
 if TYPE_CHECKING:
     from apportion.scheduler.model import TaskState, WorkerState
@@ -81,14 +90,13 @@ def outranks(ts: TaskState, other: TaskState) -> bool:
     return ts.seq < other.seq
 
 
-def missing_units(shape: Shape, ws: WorkerState) -> float:
-    """How many units of ``shape`` are not free on ``ws`` now (0: it could start there)."""
-    free = ws.free
-    missing = 0.0
+def fits_unused(shape: Shape, ws: WorkerState) -> bool:
+    """Whether ``shape`` fits what no run on ``ws`` uses (its free units and those held)."""
+    total, used = ws.total, ws.used
     for name, amount in shape:
-        if free[name] < amount:
-            missing += amount - free[name]
-    return missing
+        if total.get(name, 0) - used.get(name, 0) + TOLERANCE < amount:
+            return False
+    return True
 
 
 def reserving_shapes(shapes: Iterable[Shape]) -> set[Shape]:
@@ -121,23 +129,33 @@ def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerSta
     taking no work (retiring), is never chosen.
     """
     best: WorkerState | None = None
-    best_key = (0.0, 0)
+    best_missing = 0.0
+    best_runs = 0
+    shape = ts.shape
     for ws in fitting:
         if ws.slots == 0:
             continue
         holder = ws.reserved_for
-        if holder is None:
-            missing = missing_units(ts.shape, ws)
-        elif (  # outranks(ts, holder), inlined: most workers are reserved under load
-            ts.priority > holder.priority if ts.priority != holder.priority else ts.seq < holder.seq
+        if holder is not None and (  # not outranks(ts, holder), inlined: most workers are
+            ts.priority < holder.priority  # reserved under load
+            if ts.priority != holder.priority
+            else ts.seq >= holder.seq
         ):
-            # Units held for the task being displaced come free for ``ts``.
-            missing = missing_units(ts.shape, ws) - sum(ws.held.values())
-        else:
             continue
-        key = (missing, len(ws.processing))
-        if best is None or key < best_key:
-            best, best_key = ws, key
+        # The units of its demand in use there (held ones, for a task being displaced,
+        # would come free for ``ts``).
+        missing = 0.0
+        total, used = ws.total, ws.used
+        for name, amount in shape:
+            spare = total[name] - used[name]
+            if spare < amount:
+                missing += amount - spare
+        if (
+            best is None
+            or missing < best_missing
+            or (missing == best_missing and len(ws.processing) < best_runs)
+        ):
+            best, best_missing, best_runs = ws, missing, len(ws.processing)
     return best
 
 
@@ -174,7 +192,15 @@ class _ShapeQueue:
     always at its own seq, so the first copy met is the one taken.
     """
 
-    __slots__ = ("lanes", "order", "passed_lane", "passed_seq", "top", "top_priority")
+    __slots__ = (
+        "lanes",
+        "order",
+        "passed_index",
+        "passed_lane",
+        "passed_seq",
+        "top",
+        "top_priority",
+    )
 
     def __init__(self, priority: int) -> None:
         self.top: deque[TaskState] = deque()
@@ -186,6 +212,9 @@ class _ShapeQueue:
         # the queue). Reset when that stops being true (see ReadyQueues.unreserved).
         self.passed_lane: deque[TaskState] | None = None
         self.passed_seq = 0
+        # Where that was in the lane then: entries only leave its front (or the lane is
+        # reset), so it is now at most there.
+        self.passed_index = 0
 
     def lane(self, priority: int) -> deque[TaskState]:
         lane = self.lanes.get(priority)
@@ -223,16 +252,31 @@ class _ShapeQueue:
         top = self.top
         start = 0
         if self.passed_lane is top:
-            start = bisect.bisect_right(top, self.passed_seq, key=_seq)
+            # Usually a few entries left the front since: step back over them (cheap near
+            # the front of a deque, unlike bisect's probes in its middle).
+            passed_seq = self.passed_seq
+            start = min(self.passed_index, len(top))
+            steps = 0
+            while start > 0 and top[start - 1].seq > passed_seq:
+                start -= 1
+                steps += 1
+                if steps == 8:
+                    start = bisect.bisect_right(top, passed_seq, key=_seq)
+                    break
         passed = 0
         found: TaskState | None = None
-        for ts in itertools.islice(top, start, None):
+        end = len(top)
+        while start < end:
+            ts = top[start]  # (not islice, which would walk the entries before start)
             if ts.state == "queued" and ts.reserved_on is None:
                 found = ts
                 break
             passed = ts.seq
+            start += 1
         if passed:
             self.passed_lane, self.passed_seq = top, passed
+        if self.passed_lane is top:
+            self.passed_index = start
         if found is not None:
             return found
         for priority in sorted(self.lanes, reverse=True):
@@ -261,6 +305,22 @@ class ReadyQueues:
         # The shapes whose queued tasks reserve a worker (see reserving_shapes), kept by
         # the scheduler's state.
         self.reserving: set[Shape] = set()
+        # Bounds on every reservation's holder so far: the newest submission and the
+        # lowest priority (see outranks_no_holder).
+        self.newest_holder = 0
+        self.lowest_holder: float = math.inf
+
+    def held_for(self, ts: TaskState) -> None:
+        """``ts`` holds a reservation now."""
+        if ts.seq > self.newest_holder:
+            self.newest_holder = ts.seq
+        if ts.priority < self.lowest_holder:
+            self.lowest_holder = float(ts.priority)
+
+    def outranks_no_holder(self, ts: TaskState) -> bool:
+        """Whether ``ts`` surely outranks no task holding a reservation (it is newer than
+        all of them, and no more urgent than any): true of most newly queued tasks."""
+        return ts.seq > self.newest_holder and ts.priority <= self.lowest_holder
 
     def push(self, ts: TaskState) -> None:
         queue = self.by_shape.get(ts.shape)
@@ -288,10 +348,11 @@ class ReadyQueues:
         """The most urgent queued task of a reserving shape, not yet reserved, that ``ws``
         fits."""
         best: TaskState | None = None
-        fitting, reserving = ws.fitting_shapes, self.reserving
+        fitting, by_shape = ws.fitting_shapes, self.by_shape
         emptied = False
-        for shape, queue in self.by_shape.items():
-            if shape in reserving and shape in fitting:
+        for shape in self.reserving:
+            queue = by_shape.get(shape)
+            if queue is not None and shape in fitting:
                 ts = queue.first_unreserved()
                 if ts is not None and (best is None or outranks(ts, best)):
                     best = ts
@@ -313,24 +374,28 @@ class ReadyQueues:
         self.version += 1
         return queue.live()
 
-    def pop_for(self, ws: WorkerState, before: TaskState | None = None) -> TaskState | None:
-        """Remove and return the most urgent queued task ``ws`` can start now (only if it
-        outranks ``before``, when given)."""
-        best: TaskState | None = None
-        best_queue: _ShapeQueue | None = None
-        emptied = False
+    def pop_for(self, ws: WorkerState) -> TaskState | None:
+        """Remove and return the most urgent queued task ``ws`` can start now.
+
+        On a reserved worker, a task outranking its holder may take the units held for it,
+        and the holder starts once all its units are held (see ``_lend``); any other task
+        must fit the free units.
+        """
         free, fitting = ws.free, ws.fitting_shapes
         # The queues of the shapes ws could ever run, cached per version of the queues and
         # size of its fitting shapes (which only grow).
         if ws.menu_version != self.version or ws.menu_size != len(fitting):
-            # Every worker fits the empty demand (also when not in its fitting shapes), but
-            # not an empty demand restricted to some workers.
-            ws.menu = [
-                (s, q)
-                for s, q in self.by_shape.items()
-                if s in fitting or (not s and not is_restricted(s))
-            ]
-            ws.menu_version, ws.menu_size = self.version, len(fitting)
+            self._make_menu(ws)
+        holder = ws.reserved_for
+        if holder is not None:
+            lent = self._lend(ws, holder)
+            if lent is not None:
+                return lent
+            if ws.menu_version != self.version:  # _lend dropped emptied queues
+                self._make_menu(ws)
+        best: TaskState | None = None
+        best_queue: _ShapeQueue | None = None
+        emptied = False
         for shape, queue in ws.menu:
             if shape and not fits(shape, free):
                 continue
@@ -345,14 +410,62 @@ class ReadyQueues:
             self._drop_empty()
         if best is None or best_queue is None:
             return None
-        if before is not None and (  # outranks(best, before), inlined
-            best.priority < before.priority
-            if best.priority != before.priority
-            else best.seq >= before.seq
-        ):
-            return None
         best_queue.top.popleft()
         return best
+
+    def _make_menu(self, ws: WorkerState) -> None:
+        fitting = ws.fitting_shapes
+        # Every worker fits the empty demand (also when not in its fitting shapes), but not
+        # an empty demand restricted to some workers.
+        ws.menu = [
+            (s, q)
+            for s, q in self.by_shape.items()
+            if s in fitting or (not s and not is_restricted(s))
+        ]
+        ws.menu_version, ws.menu_size = self.version, len(fitting)
+
+    def _lend(self, ws: WorkerState, holder: TaskState) -> TaskState | None:
+        """On ``ws``, reserved for ``holder``: the most urgent task fitting what no run uses
+        (held units included) if it outranks the holder (taken out of its queue), else the
+        holder if all its units are held (left in its queue, where its entry is stale once
+        it runs), else None: then only tasks fitting the free units may start.
+
+        Held units are lent this way, when a task asks for them, rather than let go and
+        held again at every change of the worker's runs: the scan is the one a worker
+        without a reservation makes, with one more comparison.
+        """
+        total, used = ws.total, ws.used
+        best: TaskState | None = None
+        best_queue: _ShapeQueue | None = None
+        emptied = False
+        for shape, queue in ws.menu:
+            for name, amount in shape:  # fits_unused(shape, ws), inlined
+                if total[name] - used[name] + TOLERANCE < amount:
+                    break
+            else:
+                ts = queue.head()
+                if ts is None:
+                    emptied = True
+                elif best is None or (
+                    ts.priority > best.priority
+                    if ts.priority != best.priority
+                    else ts.seq < best.seq
+                ):
+                    best, best_queue = ts, queue
+        if emptied:
+            self._drop_empty()
+        if best is None or best_queue is None:
+            return None  # nothing fits even the held units
+        if best is not holder and (  # outranks(best, holder), inlined
+            best.priority > holder.priority
+            if best.priority != holder.priority
+            else best.seq < holder.seq
+        ):
+            best_queue.top.popleft()
+            return best
+        if best is holder or fits_unused(holder.shape, ws):
+            return holder
+        return None
 
     def _drop_empty(self) -> None:
         """Forget the queues found empty (their shape's head() returned None)."""
@@ -362,5 +475,5 @@ class ReadyQueues:
         self.version += 1
 
 
-def _seq(ts: TaskState) -> int:
-    return ts.seq
+# The key of a lane's order (a C function: bisect calls it at every step).
+_seq = operator.attrgetter("seq")

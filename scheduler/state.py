@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from apportion.scheduler.adjustments import Adjustments
@@ -32,6 +32,7 @@ from apportion.scheduler.model import (
 from apportion.scheduler.placement import (
     ReadyQueues,
     explain_no_worker,
+    fits_unused,
     pick_reservation,
     pick_worker,
     reserving_shapes,
@@ -47,7 +48,14 @@ from apportion.scheduler.retirement import bytes_held, in_service_first
 
 from apportion import config
 from apportion.errors import KilledWorkerError, NoValidWorkerError
-from apportion.resources import EMPTY_SHAPE, Shape, fits, format_resources, to_shape
+from apportion.resources import (
+    EMPTY_SHAPE,
+    TOLERANCE,
+    Shape,
+    fits,
+    format_resources,
+    to_shape,
+)
 from apportion.serialize import dumps_value
 
 logger = logging.getLogger("apportion.scheduler")
@@ -652,7 +660,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if ts is None:
                 return
             if _runs_ahead(ts, ws) < 0:
-                ready.push(ts)  # back in its place (pop_for took the most urgent)
+                if ts is not ws.reserved_for:  # the holder was not taken out of its queue
+                    ready.push(ts)  # back in its place (pop_for took the most urgent)
                 return
             self._assign(ts, ws)
 
@@ -665,8 +674,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         processing[run_id] = ts
         shape = ts.shape
         if shape:
-            # free stays total - used - held: a task takes only units free now, so what a
-            # reservation holds here stays available to it (no need to hold again).
+            # free stays total - used - held (also for a task lent held units, and for
+            # the holder, whose held units go back to free as its reservation ends).
             used, free = ws.used, ws.free
             for name, amount in shape:
                 used[name] += amount
@@ -712,34 +721,45 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         if adjusted is not None and run_id in adjusted.unheld_runs:
             adjusted.unheld_runs.discard(run_id)  # gave its resources back when it seceded
         else:
+            held = ws.held  # empty unless reserved
             for name, amount in ts.shape:
                 left = used[name] - amount
                 # Float sums of fractional demands drift; snap to the exact totals.
                 used[name] = left = 0 if -1e-9 < left < 1e-9 else left
-                free[name] = total[name] - left
+                free[name] = total[name] - left - held[name] if name in held else total[name] - left
         if ws.address in self.workers:
             if adjusted is not None and adjusted.reacquire is not None:
                 adjusted.reacquire(ws)  # seceded runs asking for theirs back go first
             if ws.reserved_for is not None:
-                self._serve_outranking(ws)
+                # Its slots go first to the tasks outranking its holder, and to the holder
+                # (see ReadyQueues.pop_for), before any task this run's end makes ready.
+                processing, ready = ws.processing, self.ready
+                while len(processing) < ws.slots:
+                    next_ts = ready.pop_for(ws)
+                    if next_ts is None:
+                        break
+                    self._assign(next_ts, ws)
             if len(ws.processing) < ws.slots:
                 self.with_slots[ws] = None
         return ts
 
     # ------------------------------------------------------------ reservations
     # A queued task with resources reserves one worker that could host it (the one
-    # missing the fewest units, see pick_reservation). Each unit of its demand that is
-    # free there, or comes free, is held for it: held units leave ``free``, so no other
-    # task takes them (tasks without resources still use the worker's slots). Once all
-    # its units are held and a slot is free, it starts there. A worker has at most one
-    # reservation; a task that outranks (priority, then submission) a worker's holder
-    # takes it over. When the holder leaves the queue (started anywhere, cancelled,
+    # missing the fewest units, see pick_reservation). Its whole demand is held there
+    # (``held``, taken out of ``free``): units free now, and units still in use, which
+    # free then counts below zero. So no task it outranks takes a unit that is free there
+    # or comes free (tasks without resources still use the worker's slots), and nothing
+    # is done as units come and go: ``free`` is kept as for any worker. Once no unit of
+    # its demand is missing (free >= 0) and a slot is free, it starts there. A worker has
+    # at most one reservation; a task that outranks (priority, then submission) a worker's
+    # holder takes it over. When the holder leaves the queue (started anywhere, cancelled,
     # released) the worker passes to the most urgent queued task it fits that holds none.
     #
     # A demand that nothing smaller can starve (the smallest of one resource alone, see
     # reserving_shapes) reserves nothing: it takes units as they come free, in queue order.
-    # So that a newer reservation cannot hold such a task back, units coming free on a
-    # reserved worker go first to queued tasks that outrank its holder.
+    # So that a newer reservation cannot hold such a task back, the held units are lent to
+    # queued tasks that outrank the holder: worked out only when a task asks to start on
+    # the worker (ReadyQueues.pop_for), not at every change of its runs.
     def _update_reserving(self) -> None:
         """Recompute the reserving shapes after a new one appeared; queued tasks of shapes
         that reserve from now on (a smaller demand of their resource came) reserve now."""
@@ -751,29 +771,15 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 if ts.state == "queued" and ts.reserved_on is None:
                     self._reserve(ts)
 
-    def _serve_outranking(self, ws: WorkerState) -> None:
-        """Serve a reserved worker where a run ended: first the queued tasks that outrank
-        its holder and fit what no run takes (held units included), then the holder."""
-        holder = ws.reserved_for
-        assert holder is not None
-        free, used, total = ws.free, ws.used, ws.total
-        for name in ws.held:  # let go for now (held again below)
-            free[name] = total[name] - used[name]
-        processing, ready = ws.processing, self.ready
-        while len(processing) < ws.slots:
-            ts = ready.pop_for(ws, holder)
-            if ts is None:
-                break
-            self._assign(ts, ws)
-        if self._hold(ws) and len(processing) < ws.slots:  # self._serve(ws), inlined
-            self._assign(holder, ws)
-
     def _reserve(self, ts: TaskState) -> None:
         """Reserve a worker for ``ts``, queued with resources, if one can be had."""
         failed_at = self._no_reservation.get(ts.shape)
         if failed_at is not None and ts.priority <= failed_at:
             return
-        ws = pick_reservation(ts, self.fitting[ts.shape])
+        fitting: Iterable[WorkerState] = self.fitting[ts.shape]
+        if self.ready.outranks_no_holder(ts):  # a reserved worker cannot be taken over
+            fitting = self.fitting[ts.shape] - self.reserved.keys()
+        ws = pick_reservation(ts, fitting)
         if ws is None:
             self._no_reservation[ts.shape] = ts.priority
             return
@@ -786,10 +792,20 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             self._reserve(displaced)
 
     def _reserve_on(self, ts: TaskState, ws: WorkerState) -> None:
+        """Reserve ``ws`` for ``ts``: hold its demand, and start it if it can start now."""
         ws.reserved_for = ts
         ts.reserved_on = ws
         self.reserved[ws] = ts
-        self._serve(ws)
+        self.ready.held_for(ts)
+        held, free = ws.held, ws.free
+        complete = True
+        for name, amount in ts.shape:
+            held[name] = amount
+            left = free[name] = free[name] - amount
+            if left < -TOLERANCE:
+                complete = False
+        if complete and len(ws.processing) < ws.slots:
+            self._assign(ts, ws)
 
     def _unreserve(self, ts: TaskState) -> None:
         """Drop ``ts``'s reservation, giving the held units back to ``free``."""
@@ -805,6 +821,31 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             free[name] = total[name] - used[name]
         ws.held = {}
 
+    def _pass_on(self, ts: TaskState) -> None:
+        """``ts`` left the queue: its worker passes to the next task waiting for one."""
+        ws = ts.reserved_on
+        assert ws is not None
+        nxt = (
+            self.ready.next_to_reserve(ws)
+            if ws.slots and ws.address in self.workers  # (else it takes no new work)
+            else None
+        )
+        if nxt is None or nxt.shape != ts.shape:
+            self._unreserve(ts)
+            if nxt is not None:
+                self._reserve_on(nxt, ws)
+            elif self._no_reservation:
+                self._no_reservation.clear()  # a worker free of reservations again
+            return
+        # The same demand: the units held stay held, for the next task (the usual case).
+        ts.reserved_on = None
+        ws.reserved_for = nxt
+        nxt.reserved_on = ws
+        self.reserved[ws] = nxt
+        self.ready.held_for(nxt)
+        if len(ws.processing) < ws.slots and fits_unused(nxt.shape, ws):
+            self._assign(nxt, ws)
+
     def _reserve_next(self, ws: WorkerState) -> None:
         """Pass a worker whose reservation ended to the next task waiting for one."""
         if ws.slots == 0 or ws.address not in self.workers:
@@ -815,30 +856,13 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         elif self._no_reservation:
             self._no_reservation.clear()  # a worker free of reservations again
 
-    def _hold(self, ws: WorkerState) -> bool:
-        """Set aside the units free now of the reserved demand; whether all of it is held."""
-        ts = ws.reserved_for
-        assert ts is not None
-        used, free, total, held = ws.used, ws.free, ws.total, ws.held
-        complete = True
-        for name, amount in ts.shape:
-            available = total[name] - used[name]
-            if available < amount - 1e-9:
-                complete = False
-                held[name] = available
-                free[name] = 0.0
-            else:
-                held[name] = amount
-                free[name] = available - amount
-        return complete
-
     def _serve(self, ws: WorkerState) -> None:
-        """Start the task ``ws`` is reserved for once all its units are held and a slot
+        """Start the task ``ws`` is reserved for if none of its units is missing and a slot
         is free (so it may start even if slots are all taken by tasks without resources
         when the units come free: it is first for the next slot)."""
         ts = ws.reserved_for
         assert ts is not None
-        if self._hold(ws) and len(ws.processing) < ws.slots:
+        if len(ws.processing) < ws.slots and fits_unused(ts.shape, ws):
             self._assign(ts, ws)
 
     def _fill(self, ws: WorkerState) -> None:
@@ -874,11 +898,9 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             ts.no_worker_since = None
         elif old == "queued":
             # Its entry in the ready queues is dropped lazily; a reservation goes now.
-            reserved_on = ts.reserved_on
-            if reserved_on is not None:
+            if ts.reserved_on is not None:
                 ts.state = new
-                self._unreserve(ts)
-                self._reserve_next(reserved_on)
+                self._pass_on(ts)
                 return
         ts.state = new
 
@@ -1080,25 +1102,23 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
 
 
 def _reservation_problems(ws: WorkerState, state: SchedulerState) -> list[str]:
-    """A worker's reservation: held exactly for a queued task reserved on it, and only the
-    units of that task's demand that are not in use (as many as it needs, no more)."""
+    """A worker's reservation: held exactly for a queued task reserved on it, its whole
+    demand (no more), and ``free`` below zero only by units of that demand still in use."""
     ts = ws.reserved_for
     if ts is None:
-        return [f"{ws.name}: holds {ws.held} with no reservation"] if ws.held else []
+        problems = [f"{ws.name}: holds {ws.held} with no reservation"] if ws.held else []
+        negative = {name: amount for name, amount in ws.free.items() if amount < -1e-9}
+        if negative and (state.adjusted is None or ws not in state.adjusted.shrunk):
+            problems.append(f"{ws.name}: free {negative} below zero with no reservation")
+        return problems
     problems = []
     if ts.reserved_on is not ws or state.reserved.get(ws) is not ts:
         problems.append(f"{ws.name}: reservation for {ts.key} not recorded both ways")
     if ts.state != "queued":
         problems.append(f"{ws.name}: reserved for {ts.key}, which is {ts.state}")
     demand = dict(ts.shape)
-    if set(ws.held) != set(demand):
-        problems.append(f"{ws.name}: holds {ws.held} for a demand of {demand}")
-    for name, amount in demand.items():
-        expected = min(amount, ws.total.get(name, 0) - ws.used.get(name, 0))
-        if abs(ws.held.get(name, 0) - expected) > 1e-9:
-            problems.append(
-                f"{ws.name}: holds {ws.held.get(name, 0)} {name} for {ts.key}, not {expected}"
-            )
+    if ws.held != demand:
+        problems.append(f"{ws.name}: holds {ws.held} for {ts.key}, whose demand is {demand}")
     return problems
 
 

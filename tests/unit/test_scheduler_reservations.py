@@ -20,6 +20,13 @@ def reserved(sim: Sim) -> dict[str, str]:
     return {ws.address: ts.key for ws, ts in sim.state.reserved.items()}
 
 
+def set_aside(sim: Sim, address: str) -> dict[str, float]:
+    """The units a worker's reservation keeps from other tasks now: those of its demand
+    that no run uses (the rest of the demand is still in use, counted below zero in free)."""
+    ws = sim.state.workers[address]
+    return {name: min(held, ws.total[name] - ws.used[name]) for name, held in ws.held.items()}
+
+
 def test_a_large_demand_reserves_a_worker_and_smaller_ones_do_not_take_its_units(
     sim: Sim,
 ) -> None:
@@ -30,8 +37,9 @@ def test_a_large_demand_reserves_a_worker_and_smaller_ones_do_not_take_its_units
     assert reserved(sim) == {"w": "big"}
     sim.finish("one")
     # The unit that came free is held for "big": a new one-unit task waits...
-    assert sim.state.workers["w"].held == {"GPU": 1}
-    assert sim.state.workers["w"].free == {"GPU": 0}
+    assert sim.state.workers["w"].held == {"GPU": 2}  # its whole demand
+    assert set_aside(sim, "w") == {"GPU": 1}
+    assert sim.state.workers["w"].free == {"GPU": -1}  # a unit of it still in use
     sim.submit("three", resources={"GPU": 1})
     assert sim.states()["three"] == "queued"
     assert sim.outstanding() == ["two"]
@@ -80,14 +88,15 @@ def test_the_reservation_goes_to_the_worker_missing_the_fewest_units(sim: Sim) -
     assert sim.used(full) == {"GPU": 2} and sim.used(half) == {"GPU": 1}
     sim.submit("big", resources={"GPU": 2})
     assert reserved(sim) == {half: "big"}
-    assert sim.state.workers[half].free == {"GPU": 0}
+    assert set_aside(sim, half) == {"GPU": 1}
+    assert sim.state.workers[half].free == {"GPU": -1}
 
 
 def test_the_reservation_is_released_when_the_task_is_cancelled(sim: Sim) -> None:
     sim.add_worker("w", {"GPU": 2}, nthreads=4)
     sim.submit("one", resources={"GPU": 1})
     sim.submit("big", resources={"GPU": 2})
-    assert sim.state.workers["w"].free == {"GPU": 0}
+    assert sim.state.workers["w"].free == {"GPU": -1}
     sim.cancel("big")
     assert reserved(sim) == {}
     assert sim.state.workers["w"].held == {}
@@ -213,11 +222,11 @@ def test_a_newer_reservation_does_not_hold_back_an_older_small_task(sim: Sim) ->
     # The unit that comes free goes to "three", submitted before "big"...
     sim.finish("one")
     assert sim.outstanding() == ["three", "two"]
-    assert sim.state.workers["w"].held == {"GPU": 0}
+    assert set_aside(sim, "w") == {"GPU": 0}
     # ...and "big" holds the units after it.
     sim.submit("four", resources={"GPU": 1})
     sim.finish("two")
-    assert sim.state.workers["w"].held == {"GPU": 1}
+    assert set_aside(sim, "w") == {"GPU": 1}
     sim.finish("three")
     assert sim.outstanding() == ["big"]
     assert sim.states()["four"] == "queued"
@@ -271,3 +280,91 @@ def test_the_next_task_to_reserve_is_found_again_after_losing_its_reservation() 
     again.state = "queued"
     queues.push(again)
     assert queue.first_unreserved() is again
+
+
+def test_a_reservation_holds_the_whole_demand_while_runs_come_and_go(sim: Sim) -> None:
+    # Held units are the task's whole demand from the start; free counts the units of it
+    # still in use below zero, so nothing is held again as runs end (or start on lent units).
+    sim.add_worker("w", {"GPU": 4}, nthreads=8)
+    for key in ("one", "two", "three"):
+        sim.submit(key, resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 3})
+    ws = sim.state.workers["w"]
+    assert reserved(sim) == {"w": "big"}
+    assert ws.held == {"GPU": 3} and ws.free == {"GPU": -2}
+    sim.finish("one")
+    assert ws.held == {"GPU": 3} and ws.free == {"GPU": -1}
+    sim.submit("small", resources={"GPU": 1})  # newer than "big": it may not borrow
+    assert sim.states()["small"] == "queued"
+    sim.finish("two")  # none of its units in use: it starts
+    assert sim.outstanding() == ["big", "three"]
+    assert reserved(sim) == {} and ws.held == {} and ws.free == {"GPU": 0}
+    sim.finish("three")
+    assert sim.outstanding() == ["big", "small"]
+    assert sim.state.check_invariants() == []
+
+
+def test_a_more_urgent_small_task_borrows_the_held_units(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("two", resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 2})
+    sim.submit("urgent", resources={"GPU": 1}, priority=5)  # outranks "big"
+    assert sim.states()["urgent"] == "queued"
+    sim.finish("one")
+    # The unit that came free was held for "big", and lent to "urgent", which outranks it.
+    assert sim.outstanding() == ["two", "urgent"]
+    assert reserved(sim) == {"w": "big"}
+    assert sim.state.workers["w"].free == {"GPU": -2}
+    sim.finish("two")
+    sim.finish("urgent")
+    assert sim.outstanding() == ["big"]
+
+
+def test_a_reservation_passed_to_the_same_demand_keeps_its_held_units(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("big1", resources={"GPU": 2})
+    sim.submit("big2", resources={"GPU": 2})
+    ws = sim.state.workers["w"]
+    assert reserved(sim) == {"w": "big1"}
+    sim.cancel("big1")
+    assert reserved(sim) == {"w": "big2"}
+    assert ws.held == {"GPU": 2} and ws.free == {"GPU": -1}
+    sim.submit("two", resources={"GPU": 1})
+    sim.finish("one")
+    assert sim.outstanding() == ["big2"]
+    assert sim.states()["two"] == "queued"
+
+
+def test_a_reservation_passed_to_another_demand_holds_that_demand(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 4}, nthreads=8)
+    for key in ("one", "two", "three"):
+        sim.submit(key, resources={"GPU": 1})
+    sim.submit("big3", resources={"GPU": 3})
+    sim.submit("big2", resources={"GPU": 2})
+    ws = sim.state.workers["w"]
+    assert reserved(sim) == {"w": "big3"} and ws.free == {"GPU": -2}
+    sim.cancel("big3")
+    assert reserved(sim) == {"w": "big2"}
+    assert ws.held == {"GPU": 2} and ws.free == {"GPU": -1}
+    sim.finish("one")
+    assert sim.outstanding() == ["big2", "three", "two"]
+
+
+def test_the_accounting_check_catches_a_reservation_holding_the_wrong_units(sim: Sim) -> None:
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit("one", resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 2})
+    ws = sim.state.workers["w"]
+    assert sim.state.check_invariants() == []
+    ws.held["GPU"] = 1  # as much as is free, not the whole demand
+    ws.free["GPU"] = 0
+    assert any("whose demand is" in p for p in sim.state.check_invariants())
+    ws.held["GPU"] = 2
+    assert any("!= total - used - held" in p for p in sim.state.check_invariants())
+    ws.free["GPU"] = -1
+    assert sim.state.check_invariants() == []
+    sim.cancel("big")
+    ws.free["GPU"] = -1  # below zero with no reservation
+    assert any("below zero" in p for p in sim.state.check_invariants())
