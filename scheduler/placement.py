@@ -396,7 +396,8 @@ class ReadyQueues:
         best: TaskState | None = None
         best_queue: _ShapeQueue | None = None
         emptied = False
-        for shape, queue in ws.menu:
+        menu: list[tuple[Shape, _ShapeQueue]] = ws.menu  # typed: native calls when compiled
+        for shape, queue in menu:
             if shape and not fits(shape, free):
                 continue
             ts = queue.head()
@@ -438,7 +439,8 @@ class ReadyQueues:
         best: TaskState | None = None
         best_queue: _ShapeQueue | None = None
         emptied = False
-        for shape, queue in ws.menu:
+        menu: list[tuple[Shape, _ShapeQueue]] = ws.menu  # typed: native calls when compiled
+        for shape, queue in menu:
             for name, amount in shape:  # fits_unused(shape, ws), inlined
                 if total[name] - used[name] + TOLERANCE < amount:
                     break
