@@ -363,6 +363,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             self.events.worker_left(ws.name, reason)
         self.with_slots.pop(ws, None)
         self._named.pop(self._singletons.pop(ws, NOTHING), None)
+        if self.adjusted is not None:
+            self.adjusted.shrunk.discard(ws)
         displaced = ws.reserved_for
         if displaced is not None:
             self._unreserve(displaced)
@@ -728,8 +730,15 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 used[name] = left = 0 if -1e-9 < left < 1e-9 else left
                 free[name] = total[name] - left - held[name] if name in held else total[name] - left
         if ws.address in self.workers:
-            if adjusted is not None and adjusted.reacquire is not None:
-                adjusted.reacquire(ws)  # seceded runs asking for theirs back go first
+            if adjusted is not None:
+                if ws in adjusted.shrunk and all(
+                    used[name] <= amount + 1e-9 for name, amount in total.items()
+                ):
+                    # Set below what its runs used, it is back within its totals: the
+                    # accounting check holds for it again.
+                    adjusted.shrunk.discard(ws)
+                if adjusted.reacquire is not None:
+                    adjusted.reacquire(ws)  # seceded runs asking for theirs back go first
             if ws.reserved_for is not None:
                 # Its slots go first to the tasks outranking its holder, and to the holder
                 # (see ReadyQueues.pop_for), before any task this run's end makes ready.

@@ -38,3 +38,27 @@ def test_a_demand_no_worker_fits_any_longer_waits_in_no_worker_until_it_does() -
     assert sim.states()["big"] == "queued"
     sim.finish("first")
     assert sim.outstanding() == ["big"]
+
+
+def test_a_shrunk_worker_is_exempt_from_the_over_total_check_only_while_its_runs_last() -> None:
+    sim = Sim()
+    sim.add_client("c")
+    sim.add_worker("w", {"GPU": 2}, nthreads=4)
+    sim.submit_many([task(f"t{i}", resources={"GPU": 1}) for i in range(2)])
+    sim.add_worker("v", {"GPU": 2}, nthreads=4)
+    sim.submit_many([task("u", resources={"GPU": 2})])
+    w, v = sim.state.workers["w"], sim.state.workers["v"]
+    assert sorted(ts.key for ts in w.processing.values()) == ["t0", "t1"]
+    assert [ts.key for ts in v.processing.values()] == ["u"]
+    set_resources(sim.state, w, {"GPU": 1})
+    set_resources(sim.state, v, {"GPU": 1})
+    sim.step()
+    assert sim.state.check_invariants() == []  # over their totals while those runs last
+    sim.finish("t0")
+    sim.finish("t1")
+    w.used["GPU"] = 2.0  # a bookkeeping error now: nothing runs there
+    assert "w: GPU used 2.0 > total 1" in sim.state.check_invariants()
+    w.used["GPU"] = 0.0
+    sim.remove_worker("v")  # still running u: no longer kept for the check's sake
+    adjusted = sim.state.adjusted
+    assert adjusted is not None and adjusted.shrunk == set()
