@@ -57,7 +57,9 @@ def test_a_shrunk_worker_is_exempt_from_the_over_total_check_only_while_its_runs
     sim.finish("t0")
     sim.finish("t1")
     w.used["GPU"] = 2.0  # a bookkeeping error now: nothing runs there
-    assert "w: GPU used 2.0 > total 1" in sim.state.check_invariants()
+    problems = sim.state.check_invariants()
+    # (The compiled build prints the total as 1.0.)
+    assert any(p.startswith("w: GPU used 2.0 > total 1") for p in problems), problems
     w.used["GPU"] = 0.0
     sim.remove_worker("v")  # still running u: no longer kept for the check's sake
     adjusted = sim.state.adjusted
