@@ -188,7 +188,11 @@ def test_task_output_reaches_the_client_prefixed_with_the_worker(
         out, err = capfd.readouterr()
         printed.out += out  # type: ignore[attr-defined]
         printed.err += err  # type: ignore[attr-defined]
-        return "hello-gpu warned" in printed.err  # type: ignore[attr-defined]
+        # Both streams: the client writes them separately, so either may come last.
+        return (
+            "hello-gpu warned" in printed.err  # type: ignore[attr-defined]
+            and "(gpu-a) hello-gpu\n" in printed.out  # type: ignore[attr-defined]
+        )
 
     printed.out = printed.err = ""  # type: ignore[attr-defined]
     wait_until(printed, what="the task's output on the client")
