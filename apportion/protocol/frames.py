@@ -7,9 +7,13 @@ travel as msgpack ``bin``.
 A frame whose messages hold ``Pickled`` values with out-of-band buffers has another
 payload: the byte 0xC1 (never the start of a msgpack value), the 4-byte length of the
 msgpack part, the msgpack part (each ``Pickled`` an ext of type 1: its pickle header and
-the lengths of its buffers), then the buffers themselves, back to back, in the order the
-exts appear. The sender writes them from where they are (``encode_frame``), and the
-receiver's values are views into the received payload: no copy on either side.
+the lengths of its buffers), then the buffers themselves in the order the exts appear,
+each starting at a multiple of ``BUFFER_ALIGNMENT`` from the payload's start (zero bytes
+between them). The sender writes them from where they are (``encode_frame``), and the
+receiver's values are views into the received payload: no copy on either side. A large
+payload is received into memory of its own that starts on a page (pages.py), so its
+buffers are aligned in memory too: numpy takes an array on a misaligned buffer as
+"unaligned" and copies it through a small buffer for every operation.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ HEADER = struct.Struct("<I")
 HEADER_BYTES = HEADER.size
 MAX_FRAME_LIMIT = (1 << 32) - 1
 # Bumped on any incompatible change to messages; checked in the handshake.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 Message = dict[str, Any]
 Buffer = bytes | bytearray | memoryview
@@ -34,6 +38,12 @@ Buffer = bytes | bytearray | memoryview
 OUT_OF_BAND_MARK = 0xC1
 _OUT_OF_BAND_HEAD = struct.Struct("<BI")
 _PICKLED_EXT = 1
+BUFFER_ALIGNMENT = 64  # a cache line: enough for every numpy dtype and for SIMD loads
+_PADDING = bytes(BUFFER_ALIGNMENT)
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
 
 
 class ProtocolError(ApportionError):
@@ -83,8 +93,16 @@ def _encode_out_of_band(messages: list[Message]) -> list[Buffer]:
 
     packed = msgpack.packb(messages, use_bin_type=True, default=pickled_as_ext)
     head = _OUT_OF_BAND_HEAD.pack(OUT_OF_BAND_MARK, len(packed))
-    length = len(head) + len(packed) + sum(b.nbytes for b in buffers)
-    return [_header(length) + head + packed, *buffers]
+    parts: list[Buffer] = [b""]
+    length = len(head) + len(packed)
+    for buffer in buffers:
+        padding = _aligned(length) - length
+        if padding:
+            parts.append(_PADDING[:padding])
+        parts.append(buffer)
+        length += padding + buffer.nbytes
+    parts[0] = _header(length) + head + packed
+    return parts
 
 
 def _decode_out_of_band(payload: Buffer) -> Any:
@@ -107,6 +125,7 @@ def _decode_out_of_band(payload: Buffer) -> Any:
             raise ValueError("a pickled value's extension must hold its header and lengths")
         buffers = []
         for length in lengths:
+            cursor = _aligned(cursor)
             if not isinstance(length, int) or length < 0 or cursor + length > len(view):
                 raise ValueError("out-of-band buffers run past the end of their frame")
             buffers.append(view[cursor : cursor + length])
