@@ -12,6 +12,16 @@ faults are most of what receiving into new memory costs. Two things make them ch
 - Each window of pages is made in one call (``MADV_POPULATE_WRITE``) before the socket's
   bytes are read into it, instead of fault by fault inside the copy.
 
+Huge pages have one cost that small ones do not: on a virtual machine whose host takes
+back free memory (free page reporting, which reports free blocks of 2 MiB: the kernel's
+``page_reporting_order`` 9), a huge page made from such a block costs the host 512
+faults. Those windows were made at 0.55 GB/s on the development machine, against 5-9
+GB/s for huge pages the host still had and about 1.9 GB/s for small pages, and they come
+in stretches (a few hundred MB in a row). So the time each window takes is watched: after
+a window of huge pages made slower than ``SLOW_HUGE_PAGES`` bytes a second, windows are
+made of small pages, each starting with one huge page as a probe, until a probe is fast
+again.
+
 Windows grow with what arrived (doubling, up to ``MAX_WINDOW``), so the memory a frame
 holds follows the bytes that arrived, not the length its header announced. Where the
 system lacks either advice (not Linux, a kernel before 5.14, huge pages off), pages come
@@ -22,10 +32,14 @@ from __future__ import annotations
 
 import errno
 import mmap
+import time
 
 MIN_WINDOW = 1 << 20
 MAX_WINDOW = 32 << 20
 HUGE_PAGE = 2 << 20  # windows end on huge-page boundaries: none is made twice over
+# Below what small pages come at (about 1.9 GB/s there), leaving room for the fixed cost
+# of one call on a probe of 2 MiB (hot probes: 1.6-2.6 GB/s; taken back: 0.4-0.8).
+SLOW_HUGE_PAGES = 1.2e9
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (not in Python 3.11's mmap module)
 _PRIVATE = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
 
@@ -33,26 +47,35 @@ _PRIVATE = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
 _populate = hasattr(mmap, "MADV_HUGEPAGE")
 
 
-def _new_map(length: int) -> mmap.mmap:
+def _new_map(length: int) -> tuple[mmap.mmap, bool | None]:
+    """The map, and True if it asked for huge pages (None: it could not)."""
     if not _PRIVATE:  # (Windows: every anonymous map is private)
-        return mmap.mmap(-1, length)
+        return mmap.mmap(-1, length), None
     memory = mmap.mmap(-1, length, flags=_PRIVATE)
     if length and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             memory.madvise(mmap.MADV_HUGEPAGE)
+            return memory, True
         except OSError:  # huge pages not built into this kernel: small ones, by fault
             pass
-    return memory
+    return memory, None
+
+
+def huge_pages_pay(size: int, seconds: float) -> bool:
+    """Whether huge pages made at this pace (``size`` bytes in ``seconds``) are worth
+    asking for in the next window (see the module's docstring)."""
+    return size < HUGE_PAGE or size >= SLOW_HUGE_PAGES * seconds
 
 
 class FrameBuffer:
     """A private anonymous memory map of ``length`` bytes, to be written from the start
     on; ``room(filled)`` makes pages ahead of the ``filled`` bytes written so far."""
 
-    __slots__ = ("length", "map", "ready")
+    __slots__ = ("huge", "length", "map", "ready")
 
     def __init__(self, length: int) -> None:
-        self.map = _new_map(length)
+        # huge: whether the next window is made of huge pages (None: never)
+        self.map, self.huge = _new_map(length)
         self.length = length
         # Pages exist up to here; without bulk making, everything is left to faults.
         self.ready = 0 if _populate else length
@@ -68,7 +91,7 @@ class FrameBuffer:
                 aligned = (ready + window) // HUGE_PAGE * HUGE_PAGE
                 end = min(self.length, max(aligned, ready + MIN_WINDOW))
                 try:
-                    self.map.madvise(_MADV_POPULATE_WRITE, ready, end - ready)
+                    self._make(ready, end)
                 except OSError as exc:
                     if exc.errno in (errno.ENOMEM, errno.EFAULT):
                         raise MemoryError(
@@ -79,3 +102,23 @@ class FrameBuffer:
                     end = self.length
                 self.ready = ready = end
         return ready
+
+    def _make(self, start: int, end: int) -> None:
+        """Make the pages of ``start:end``: huge ones while they come fast, else small
+        ones after a probe of one huge page (which may find them fast again)."""
+        if self.huge is None:
+            self.map.madvise(_MADV_POPULATE_WRITE, start, end - start)
+            return
+        if not self.huge and end - start > HUGE_PAGE:
+            self.huge = self._made_fast(start, start + HUGE_PAGE)
+            start += HUGE_PAGE
+        if self.huge:
+            self.huge = self._made_fast(start, end)
+        else:
+            self.map.madvise(mmap.MADV_NOHUGEPAGE, start, end - start)
+            self.map.madvise(_MADV_POPULATE_WRITE, start, end - start)
+
+    def _made_fast(self, start: int, end: int) -> bool:
+        began = time.perf_counter()
+        self.map.madvise(_MADV_POPULATE_WRITE, start, end - start)
+        return huge_pages_pay(end - start, time.perf_counter() - began)

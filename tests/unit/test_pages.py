@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from apportion.protocol import pages
 from apportion.protocol.frames import decode, encode
 from apportion.protocol.pages import MAX_WINDOW, MIN_WINDOW, FrameBuffer
 from apportion.protocol.reader import FrameReader
@@ -55,12 +56,21 @@ def test_reading_straight_into_the_room_fills_the_frame() -> None:
     assert decode(reader.pop()) == [{"op": "big", "data": data}]
 
 
-def _mapping_of(buffer: FrameBuffer) -> dict[str, str]:
-    """The fields /proc/self/smaps gives for the mapping holding ``buffer``."""
+def _huge_pages_on() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as setting:
+            return "[never]" not in setting.read()
+    except OSError:
+        return False
+
+
+def _mapping_of(buffer: FrameBuffer, offset: int = 0) -> dict[str, str]:
+    """The fields /proc/self/smaps gives for the mapping holding byte ``offset`` of
+    ``buffer``."""
     import ctypes
 
     pointer = ctypes.c_char.from_buffer(buffer.map)
-    address = ctypes.addressof(pointer)
+    address = ctypes.addressof(pointer) + offset
     del pointer  # (held, it would keep the map from being closed)
     fields: dict[str, str] = {}
     inside = False
@@ -72,7 +82,7 @@ def _mapping_of(buffer: FrameBuffer) -> dict[str, str]:
                 inside = start <= address < end
                 if inside:
                     fields["name"] = head[5] if len(head) > 5 else ""
-            elif inside and line.rstrip().endswith("kB"):
+            elif inside and len(head) >= 2:
                 fields[head[0].rstrip(":")] = head[1]
     return fields
 
@@ -89,11 +99,41 @@ def test_frames_are_received_into_private_memory_in_huge_pages_where_the_system_
     buffer.map[:] = b"\x01" * length
     mapping = _mapping_of(buffer)
     assert mapping["name"] == "", mapping  # not "/dev/zero (deleted)": a shared map
-    assert int(mapping["Anonymous"]) * 1024 >= length
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as setting:
-            huge_pages = "[never]" not in setting.read()
-    except OSError:
-        huge_pages = False
-    if huge_pages:  # (how many depends on the free huge pages the system has)
-        assert int(mapping["AnonHugePages"]) > 0, mapping
+    # (Its pages may span several mappings: the ones turned to small pages are others.)
+    assert int(mapping["Anonymous"]) > 0, mapping
+    if _huge_pages_on():  # (how many it gets depends on the free huge pages it finds)
+        assert mapping["THPeligible"] == "1", mapping
+
+
+def test_huge_pages_are_asked_for_while_they_come_faster_than_small_ones() -> None:
+    window = 32 << 20
+    assert pages.huge_pages_pay(window, window / 7e9)  # hot huge pages
+    assert not pages.huge_pages_pay(window, window / 0.55e9)  # taken back by a VM's host
+    assert pages.huge_pages_pay(pages.HUGE_PAGE, pages.HUGE_PAGE / 2e9)  # a hot probe
+    assert not pages.huge_pages_pay(pages.HUGE_PAGE, pages.HUGE_PAGE / 0.5e9)
+    assert pages.huge_pages_pay(MIN_WINDOW, 1.0)  # less than a huge page: nothing to judge
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/smaps") or not _huge_pages_on(), reason="Linux's THP only"
+)
+@pytest.mark.parametrize("pay", [True, False])
+def test_slow_huge_pages_turn_the_rest_of_the_frame_to_small_pages(
+    pay: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pages, "huge_pages_pay", lambda size, seconds: pay)
+    length = 96 << 20
+    buffer = FrameBuffer(length)
+    filled = 0
+    data = os.urandom(1 << 20)
+    while filled < length:
+        ready = buffer.room(filled)
+        while filled < ready:
+            step = min(len(data), ready - filled)
+            buffer.map[filled : filled + step] = data[:step]
+            filled += step
+    assert buffer.huge is pay
+    # Turned to small pages after the first window of huge pages (1 MiB, 1 MiB, 2 MiB...)
+    # and past the probe of one huge page at the start of each window after it.
+    assert _mapping_of(buffer, length - 1)["THPeligible"] == ("1" if pay else "0")
+    assert bytes(buffer.map[length - len(data) : length]) == data[: len(data)]
