@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apportion import Client, LocalCluster
+from apportion.protocol import PROTOCOL_VERSION
 from apportion.protocol.comm import parse_address
 from tests.integration.tasks import inc
 
@@ -119,9 +120,8 @@ def test_random_bytes_never_hurt_the_scheduler(
     target: tuple[LocalCluster, Client], authenticate: bool, body: bytes
 ) -> None:
     cluster, client = target
-    hello = _frame(
-        msgpack.packb([{"op": "hello", "role": "client", "protocol": 1, "token": cluster.token}])
-    )
+    hello_message = {"op": "hello", "role": "client", "protocol": PROTOCOL_VERSION}
+    hello = _frame(msgpack.packb([{**hello_message, "token": cluster.token}]))
     _send(cluster.scheduler_address, (hello if authenticate else b"") + body)
     assert client.submit(inc, 1, pure=False).result(timeout=30) == 2
 

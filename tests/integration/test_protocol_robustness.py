@@ -9,6 +9,7 @@ import msgpack
 import pytest
 
 from apportion import Client
+from apportion.protocol import PROTOCOL_VERSION
 from apportion.protocol.comm import parse_address
 from tests.integration.tasks import inc
 
@@ -18,7 +19,11 @@ def _frame(payload: bytes) -> bytes:
 
 
 def _hello(token: str) -> bytes:
-    return _frame(msgpack.packb([{"op": "hello", "role": "client", "protocol": 1, "token": token}]))
+    return _frame(
+        msgpack.packb(
+            [{"op": "hello", "role": "client", "protocol": PROTOCOL_VERSION, "token": token}]
+        )
+    )
 
 
 BAD_INPUTS = {

@@ -18,6 +18,7 @@ import msgpack
 import pytest
 
 from apportion import Client, LocalCluster
+from apportion.protocol import PROTOCOL_VERSION
 from apportion.protocol.comm import parse_address
 from tests.conftest import wait_until
 from tests.integration.tasks import inc
@@ -28,7 +29,7 @@ def _frame(payload: bytes) -> bytes:
 
 
 def _hello(token: str, **extra: object) -> bytes:
-    hello = {"op": "hello", "role": "client", "protocol": 1, "token": token, **extra}
+    hello = {"op": "hello", "role": "client", "protocol": PROTOCOL_VERSION, "token": token, **extra}
     return _frame(msgpack.packb([hello]))
 
 
