@@ -30,6 +30,16 @@ _FUNCTION_CACHE_SIZE = 4096
 # Buffers smaller than this stay inside the pickle: a frame of their own costs more than
 # copying them.
 OUT_OF_BAND_MIN_BYTES = 64 * 1024
+# Where out-of-band buffers are laid out together (a frame, a shared-memory file), each
+# starts at a multiple of this: a cache line, enough for every numpy dtype and for SIMD
+# loads (numpy takes an array on a misaligned buffer as "unaligned" and copies it through
+# a small buffer in every operation).
+BUFFER_ALIGNMENT = 64
+
+
+def aligned(offset: int) -> int:
+    """``offset`` rounded up to where the next out-of-band buffer may start."""
+    return -(-offset // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
 
 
 class Pickled:

@@ -46,15 +46,13 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from apportion.serialize import Payload, Pickled
+from apportion.serialize import Payload, Pickled, aligned
 
 logger = logging.getLogger("apportion.shared_memory")
 
 # Below this, a result's buffers travel over TCP: writing them to a file of their own
 # and mapping it on the other side costs more than sending them.
 SHARED_MIN_BYTES = 1 << 20
-# Buffers start at multiples of this in the file (numpy wants aligned data).
-_ALIGN = 64
 # The file starts with a random token, checked by whoever maps it: a descriptor number
 # reused for another file between the description and the opening is never taken for it.
 _TOKEN_BYTES = 16
@@ -110,17 +108,13 @@ def switch(on: bool) -> None:
     _switched_off = not on
 
 
-def _aligned(offset: int) -> int:
-    return (offset + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
 def _layout(payload: Pickled) -> tuple[list[tuple[int, int]], int]:
     """Where each buffer goes in the file, and the file's size."""
     spans = []
-    offset = _aligned(_TOKEN_BYTES)
+    offset = aligned(_TOKEN_BYTES)
     for buffer in payload.buffers:
         spans.append((offset, buffer.nbytes))
-        offset = _aligned(offset + buffer.nbytes)
+        offset = aligned(offset + buffer.nbytes)
     return spans, max(offset, _TOKEN_BYTES)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import msgpack
 
 from apportion.errors import ApportionError
-from apportion.serialize import Pickled
+from apportion.serialize import BUFFER_ALIGNMENT, Pickled, aligned
 
 HEADER = struct.Struct("<I")
 HEADER_BYTES = HEADER.size
@@ -38,12 +38,7 @@ Buffer = bytes | bytearray | memoryview
 OUT_OF_BAND_MARK = 0xC1
 _OUT_OF_BAND_HEAD = struct.Struct("<BI")
 _PICKLED_EXT = 1
-BUFFER_ALIGNMENT = 64  # a cache line: enough for every numpy dtype and for SIMD loads
 _PADDING = bytes(BUFFER_ALIGNMENT)
-
-
-def _aligned(offset: int) -> int:
-    return -(-offset // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
 
 
 class ProtocolError(ApportionError):
@@ -96,7 +91,7 @@ def _encode_out_of_band(messages: list[Message]) -> list[Buffer]:
     parts: list[Buffer] = [b""]
     length = len(head) + len(packed)
     for buffer in buffers:
-        padding = _aligned(length) - length
+        padding = aligned(length) - length
         if padding:
             parts.append(_PADDING[:padding])
         parts.append(buffer)
@@ -125,7 +120,7 @@ def _decode_out_of_band(payload: Buffer) -> Any:
             raise ValueError("a pickled value's extension must hold its header and lengths")
         buffers = []
         for length in lengths:
-            cursor = _aligned(cursor)
+            cursor = aligned(cursor)
             if not isinstance(length, int) or length < 0 or cursor + length > len(view):
                 raise ValueError("out-of-band buffers run past the end of their frame")
             buffers.append(view[cursor : cursor + length])

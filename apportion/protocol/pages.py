@@ -106,19 +106,17 @@ class FrameBuffer:
     def _make(self, start: int, end: int) -> None:
         """Make the pages of ``start:end``: huge ones while they come fast, else small
         ones after a probe of one huge page (which may find them fast again)."""
-        if self.huge is None:
-            self.map.madvise(_MADV_POPULATE_WRITE, start, end - start)
-            return
-        if not self.huge and end - start > HUGE_PAGE:
+        if self.huge is False and end - start > HUGE_PAGE:
             self.huge = self._made_fast(start, start + HUGE_PAGE)
             start += HUGE_PAGE
-        if self.huge:
-            self.huge = self._made_fast(start, end)
-        else:
+        if self.huge is False:
             self.map.madvise(mmap.MADV_NOHUGEPAGE, start, end - start)
-            self.map.madvise(_MADV_POPULATE_WRITE, start, end - start)
+        made_fast = self._made_fast(start, end)
+        if self.huge:
+            self.huge = made_fast
 
     def _made_fast(self, start: int, end: int) -> bool:
+        """Make the pages of ``start:end``; whether huge pages came fast enough there."""
         began = time.perf_counter()
         self.map.madvise(_MADV_POPULATE_WRITE, start, end - start)
         return huge_pages_pay(end - start, time.perf_counter() - began)
