@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import floor
 
 
@@ -16,16 +18,53 @@ def test_description_names_both_figures_and_tolerates_old_results() -> None:
     assert floor.describe(None) == ""
 
 
-def test_loopback_is_measured_both_cached_and_into_a_new_buffer_of_the_whole_size() -> None:
-    assert floor.loopback_tcp_mb_per_s(8_000_000) > 0
-    assert floor.loopback_tcp_mb_per_s(8_000_000, whole=True) > 0
+def _anonymous_rss_kb() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_receive_buffer_is_new_memory_or_made_on_request() -> None:
+    # "new" must leave the pages to the bytes' arrival (a zero-filled bytearray, which the
+    # 400 MB floor used, made them all before the clock started).
+    size = 64 << 20
+    before = _anonymous_rss_kb()
+    new = floor.receive_buffer(size, made=False)
+    grown_new = _anonymous_rss_kb() - before
+    made = floor.receive_buffer(size, made=True)
+    grown_made = _anonymous_rss_kb() - before - grown_new
+    assert len(new) == len(made) == size
+    assert grown_new < 8 << 10, f"new memory already had {grown_new} KiB of pages"
+    assert grown_made > (size >> 10) * 9 // 10, f"made memory had only {grown_made} KiB"
+
+
+def test_loopback_is_measured_cached_into_made_and_into_new_memory() -> None:
+    for into in floor.RECEIVERS:
+        assert floor.loopback_tcp_mb_per_s(8_000_000, into=into) > 0
+    with pytest.raises(ValueError, match="expected one of"):
+        floor.loopback_tcp_mb_per_s(8_000_000, into="whole")
     text = floor.describe(
         {
             "round_trip_us": {"p50": 1.0, "p99": 2.0},
             "cpu_loop_s": 0.1,
             "loopback_tcp_mb_per_s": 1700.0,
             "memcpy_gb_per_s": 9.0,
-            "loopback_tcp_whole_400mb_mb_per_s": 900.0,
+            "loopback_tcp_400mb_made_mb_per_s": 2900.0,
+            "loopback_tcp_400mb_new_mb_per_s": 900.0,
         }
     )
-    assert "1700 MB/s" in text and "new one in the other process: 900 MB/s" in text
+    assert "1700 MB/s" in text
+    assert "2900 MB/s into memory made before, 900 MB/s into new memory" in text
+
+
+def test_results_from_before_the_two_whole_figures_still_describe() -> None:
+    text = floor.describe(
+        {
+            "round_trip_us": {"p50": 1.0, "p99": 2.0},
+            "cpu_loop_s": 0.1,
+            "loopback_tcp_whole_400mb_mb_per_s": 3235.2,
+        }
+    )
+    assert "other process: 3235.2 MB/s." in text
