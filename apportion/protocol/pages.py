@@ -2,37 +2,47 @@
 
 A fresh anonymous memory map costs nothing until written to; then every page costs a
 page fault when the kernel first copies bytes into it, and on virtual machines those
-faults are most of what receiving into new memory costs. Two things make them cheap:
+faults are most of what receiving into new memory costs. So pages are made in bulk
+(``MADV_POPULATE_WRITE``: one call for many pages instead of one fault per page), into a
+private map (``mmap.mmap(-1, n)``'s default, a shared one, lives in shared memory, which
+costs more to make and gets no huge pages), ahead of the bytes:
 
-- The map is private and asks for transparent huge pages (``MADV_HUGEPAGE``): one fault
-  and one zeroing per 2 MiB instead of per 4 KiB. Measured on the development machine,
-  400 MB of new touched memory: 380 ms page by page, 180 ms with ``MAP_POPULATE``, 50 ms
-  in huge pages. (A shared anonymous map, ``mmap.mmap(-1, n)``'s default, lives in
-  shared memory, which gets no huge pages: it must be private.)
-- Each window of pages is made in one call (``MADV_POPULATE_WRITE``) before the socket's
-  bytes are read into it, instead of fault by fault inside the copy.
+- A frame of ``THREAD_FROM`` bytes or more has a thread of its own making its pages, a
+  ``STEP`` at a time, while the connection copies bytes into the pages made before: the
+  kernel makes pages on one CPU while it copies on the other, instead of one after the
+  other. The thread leads the bytes by as much again as arrived (from one step to
+  ``AHEAD``, plus the step it is making), so the memory a frame holds follows what
+  arrived, not the length its header announced. It calls ``madvise`` through ctypes,
+  which lets go of the GIL. Its pages are small ones: on a virtual machine whose host
+  takes back free memory (free page reporting, in free blocks of 2 MiB: the kernel's
+  ``page_reporting_order`` 9), a huge page made from such a block costs the host 512
+  faults, and such huge pages came at 0.4-0.8 GB/s against about 1.9 GB/s for small
+  pages (and 5-9 GB/s for huge pages the host still had). Measured on the 2-core
+  development machine, 400 MB arrays on a local cluster, each transfer seconds after
+  the last (memory the host had taken back), medians of 5: worker to worker 1,262 ->
+  1,804 MB/s, gather 1,229 -> 2,203, submit 1,071 -> 1,603 against pages made between
+  reads. The thread must lead: made only up to where the reads go, it made pages the
+  reads were faulting in already, and gained nothing.
+- Smaller frames make their pages between reads, a window at a time (doubling with what
+  arrived, up to ``MAX_WINDOW``), in transparent huge pages (``MADV_HUGEPAGE``: one
+  fault and one zeroing per 2 MiB) while those come fast: after a window of huge pages
+  made slower than ``SLOW_HUGE_PAGES`` bytes a second, windows are made of small pages,
+  each starting with one huge page as a probe, until a probe is fast again.
 
-Huge pages have one cost that small ones do not: on a virtual machine whose host takes
-back free memory (free page reporting, which reports free blocks of 2 MiB: the kernel's
-``page_reporting_order`` 9), a huge page made from such a block costs the host 512
-faults. Those windows were made at 0.55 GB/s on the development machine, against 5-9
-GB/s for huge pages the host still had and about 1.9 GB/s for small pages, and they come
-in stretches (a few hundred MB in a row). So the time each window takes is watched: after
-a window of huge pages made slower than ``SLOW_HUGE_PAGES`` bytes a second, windows are
-made of small pages, each starting with one huge page as a probe, until a probe is fast
-again.
-
-Windows grow with what arrived (doubling, up to ``MAX_WINDOW``), so the memory a frame
-holds follows the bytes that arrived, not the length its header announced. Where the
-system lacks either advice (not Linux, a kernel before 5.14, huge pages off), pages come
-by fault as before: slower, never wrong.
+Where the system lacks either advice (not Linux, a kernel before 5.14, huge pages off),
+pages come by fault as before: slower, never wrong.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import mmap
+import threading
 import time
+import weakref
+from collections.abc import Callable
 
 MIN_WINDOW = 1 << 20
 MAX_WINDOW = 32 << 20
@@ -40,6 +50,10 @@ HUGE_PAGE = 2 << 20  # windows end on huge-page boundaries: none is made twice o
 # Below what small pages come at (about 1.9 GB/s there), leaving room for the fixed cost
 # of one call on a probe of 2 MiB (hot probes: 1.6-2.6 GB/s; taken back: 0.4-0.8).
 SLOW_HUGE_PAGES = 1.2e9
+THREAD_FROM = 4 << 20  # smaller frames make their pages between reads (see above)
+STEP = 8 << 20  # one call of the thread's: short, so that it stops soon after its frame
+AHEAD = 32 << 20
+_IDLE_CHECK_S = 1.0  # how often a waiting thread looks whether its frame was dropped
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (not in Python 3.11's mmap module)
 _PRIVATE = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
 
@@ -47,18 +61,38 @@ _PRIVATE = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
 _populate = hasattr(mmap, "MADV_HUGEPAGE")
 
 
-def _new_map(length: int) -> tuple[mmap.mmap, bool | None]:
-    """The map, and True if it asked for huge pages (None: it could not)."""
+def _new_map(length: int, huge: bool) -> tuple[mmap.mmap, bool | None]:
+    """The map, and True if it asked for huge pages (None: it did not, or could not)."""
     if not _PRIVATE:  # (Windows: every anonymous map is private)
         return mmap.mmap(-1, length), None
     memory = mmap.mmap(-1, length, flags=_PRIVATE)
-    if length and hasattr(mmap, "MADV_HUGEPAGE"):
+    if huge and length and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             memory.madvise(mmap.MADV_HUGEPAGE)
             return memory, True
         except OSError:  # huge pages not built into this kernel: small ones, by fault
             pass
     return memory, None
+
+
+@functools.cache
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    """The C library's madvise, through ctypes (which lets go of the GIL), or None."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return function
+
+
+def _address_of(memory: mmap.mmap) -> int:
+    pointer = ctypes.c_char.from_buffer(memory)
+    try:
+        return ctypes.addressof(pointer)
+    finally:
+        del pointer  # (held, it would keep the map from being closed)
 
 
 def huge_pages_pay(size: int, seconds: float) -> bool:
@@ -69,20 +103,72 @@ def huge_pages_pay(size: int, seconds: float) -> bool:
 
 class FrameBuffer:
     """A private anonymous memory map of ``length`` bytes, to be written from the start
-    on; ``room(filled)`` makes pages ahead of the ``filled`` bytes written so far."""
+    on; ``room(filled)`` says how far the writer may go after the ``filled`` bytes written
+    so far, with pages made there; ``stop()`` once no more bytes will come."""
 
-    __slots__ = ("huge", "length", "map", "ready")
+    __slots__ = (
+        "__weakref__",
+        "_address",
+        "_failed",
+        "_filled",
+        "_maker",
+        "_stopped",
+        "huge",
+        "length",
+        "map",
+        "ready",
+        "thread",
+    )
 
     def __init__(self, length: int) -> None:
         # huge: whether the next window is made of huge pages (None: never)
-        self.map, self.huge = _new_map(length)
+        threaded = length >= THREAD_FROM and _populate and _libc_madvise() is not None
+        self.map, self.huge = _new_map(length, huge=not threaded)
         self.length = length
         # Pages exist up to here; without bulk making, everything is left to faults.
         self.ready = 0 if _populate else length
+        self._filled = 0  # what the writer said it wrote (the thread's pace)
+        self._stopped = False
+        self._failed = 0  # the errno that stopped the thread (ENOMEM: no memory)
+        self._maker: threading.Condition | None = None
+        self._address: int | None = None
+        self.thread: threading.Thread | None = None
+        if threaded:
+            self._address = _address_of(self.map)
+            self._maker = threading.Condition()
+            self.thread = threading.Thread(
+                target=_make_ahead,
+                args=(weakref.ref(self), self._maker),
+                name="apportion-pages",
+                daemon=True,
+            )
+            self.thread.start()
 
     def room(self, filled: int) -> int:
-        """Where the made pages end, after making more when little is left beyond
-        ``filled``; raises MemoryError when the system has no memory for them."""
+        """Where the writer may write up to, ``filled`` bytes being written: the end of the
+        made pages, and at least a small window further (pages the thread has not made
+        yet come by fault). Raises MemoryError when the system has no memory for them."""
+        if self._maker is None:
+            return self._room_between_reads(filled)
+        if self._failed in (errno.ENOMEM, errno.EFAULT):
+            raise MemoryError(
+                f"no memory for the pages of a frame of {self.length} bytes at byte {self.ready}"
+            )
+        if filled > self._filled:
+            with self._maker:
+                self._filled = filled
+                self._maker.notify()
+        return min(self.length, max(self.ready, filled + MIN_WINDOW))
+
+    def stop(self) -> None:
+        """No more bytes will come (the frame is whole, or dropped): its thread ends."""
+        self._stopped = True
+        if self._maker is not None:
+            with self._maker:
+                self._maker.notify()
+
+    def _room_between_reads(self, filled: int) -> int:
+        """``room`` without a thread: makes the next window when little is left."""
         global _populate
         ready = self.ready
         if ready < self.length:
@@ -91,7 +177,7 @@ class FrameBuffer:
                 aligned = (ready + window) // HUGE_PAGE * HUGE_PAGE
                 end = min(self.length, max(aligned, ready + MIN_WINDOW))
                 try:
-                    self._make(ready, end)
+                    self._make(start=ready, end=end)
                 except OSError as exc:
                     if exc.errno in (errno.ENOMEM, errno.EFAULT):
                         raise MemoryError(
@@ -118,5 +204,46 @@ class FrameBuffer:
     def _made_fast(self, start: int, end: int) -> bool:
         """Make the pages of ``start:end``; whether huge pages came fast enough there."""
         began = time.perf_counter()
-        self.map.madvise(_MADV_POPULATE_WRITE, start, end - start)
+        if self._address is None:
+            self.map.madvise(_MADV_POPULATE_WRITE, start, end - start)
+        else:  # on the frame's thread: without the GIL
+            madvise = _libc_madvise()
+            assert madvise is not None
+            if madvise(self._address + start, end - start, _MADV_POPULATE_WRITE) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, errno.errorcode.get(code, "madvise failed"))
         return huge_pages_pay(end - start, time.perf_counter() - began)
+
+
+def _ahead(filled: int) -> int:
+    """How far the thread may make pages beyond ``filled`` arrived bytes: as far again
+    as what arrived, from one step to ``AHEAD`` (a frame that stops coming costs little)."""
+    return min(AHEAD, max(STEP, filled))
+
+
+def _make_ahead(frame: weakref.ref[FrameBuffer], maker: threading.Condition) -> None:
+    """A frame's thread: make its pages a step at a time, ahead of what arrived (see
+    ``_ahead``), until they are all made or the frame is stopped or dropped. It holds the
+    frame only while making pages (its map stays mapped meanwhile)."""
+    global _populate
+    while True:
+        with maker:
+            while True:
+                buffer = frame()
+                if buffer is None or buffer._stopped or buffer.ready >= buffer.length:
+                    return
+                if buffer.ready - buffer._filled < _ahead(buffer._filled):
+                    break
+                del buffer  # waiting must not keep a dropped frame alive
+                maker.wait(_IDLE_CHECK_S)
+        start = buffer.ready
+        end = min(buffer.length, start + STEP)
+        try:
+            buffer._make(start, end)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                _populate = False  # an older kernel; pages come by fault
+            buffer._failed = exc.errno or errno.EINVAL
+            return  # the writer reads on past the made pages: they fault in
+        buffer.ready = end
+        del buffer

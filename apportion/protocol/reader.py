@@ -62,6 +62,8 @@ class FrameReader:
         """Drop the frame not yet whole (the stream ended or failed: it never will be);
         whole frames stay to be read."""
         self._partial = bytearray()
+        if self.large is not None:
+            self.large.stop()
         self.large = None
 
     def feed(self, data: bytes | memoryview) -> None:
@@ -147,5 +149,6 @@ class FrameReader:
 
     def _complete_large(self) -> None:
         if self.large is not None and self._filled == self.large_length:
+            self.large.stop()
             self._queue(memoryview(self.large.map))
             self.large = None

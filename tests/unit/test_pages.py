@@ -1,18 +1,55 @@
-"""FrameBuffer: a large frame's pages are made in bulk just ahead of what arrived."""
+"""FrameBuffer: a large frame's pages are made in bulk just ahead of what arrived, by a
+thread of the frame's own for large ones."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import gc
 import os
+import time
+from collections.abc import Callable
 
 import pytest
 
 from apportion.protocol import pages
-from apportion.protocol.frames import decode, encode
+from apportion.protocol.frames import HEADER_BYTES, ProtocolError, decode, encode
 from apportion.protocol.pages import MAX_WINDOW, MIN_WINDOW, FrameBuffer
 from apportion.protocol.reader import FrameReader
 
 
-def test_pages_are_made_ahead_of_the_bytes_and_never_far_ahead() -> None:
+@pytest.fixture
+def between_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frames of every size make their pages between reads, as small ones do."""
+    monkeypatch.setattr(pages, "THREAD_FROM", 1 << 62)
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def _write_into_made_pages(buffer: FrameBuffer, data: bytes) -> None:
+    """Write the whole buffer as a connection would, but only ever into pages already
+    made (so that what the test checks does not depend on which thread was faster)."""
+    filled = 0
+    while filled < buffer.length:
+        room = buffer.room(filled)
+        assert filled < room <= buffer.length
+        # Never far ahead of what arrived: as much again, from one step to AHEAD, plus the
+        # step being made.
+        assert buffer.ready <= filled + max(pages.STEP, min(pages.AHEAD, filled)) + pages.STEP
+        _wait_for(lambda at=filled: buffer.ready > at, "the thread to make the next pages")
+        end = min(buffer.ready, filled + len(data))
+        buffer.map[filled:end] = data[: end - filled]
+        filled = end
+    buffer.room(filled)
+
+
+@pytest.mark.usefixtures("between_reads")
+def test_pages_are_made_ahead_of_the_bytes_and_never_far_ahead_between_reads() -> None:
     length = 200 * MIN_WINDOW + 12_345
     buffer = FrameBuffer(length)
     filled, made = 0, []
@@ -88,6 +125,7 @@ def _mapping_of(buffer: FrameBuffer, offset: int = 0) -> dict[str, str]:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux's /proc only")
+@pytest.mark.usefixtures("between_reads")
 def test_frames_are_received_into_private_memory_in_huge_pages_where_the_system_has_them() -> None:
     # A shared anonymous map (mmap.mmap(-1, n)'s default) lives in shared memory: it gets
     # no huge pages, and its pages were measured at 4x the kernel time to make.
@@ -117,6 +155,7 @@ def test_huge_pages_are_asked_for_while_they_come_faster_than_small_ones() -> No
 @pytest.mark.skipif(
     not os.path.exists("/proc/self/smaps") or not _huge_pages_on(), reason="Linux's THP only"
 )
+@pytest.mark.usefixtures("between_reads")
 @pytest.mark.parametrize("pay", [True, False])
 def test_slow_huge_pages_turn_the_rest_of_the_frame_to_small_pages(
     pay: bool, monkeypatch: pytest.MonkeyPatch
@@ -124,8 +163,9 @@ def test_slow_huge_pages_turn_the_rest_of_the_frame_to_small_pages(
     monkeypatch.setattr(pages, "huge_pages_pay", lambda size, seconds: pay)
     length = 96 << 20
     buffer = FrameBuffer(length)
-    filled = 0
+    assert buffer.thread is None
     data = os.urandom(1 << 20)
+    filled = 0
     while filled < length:
         ready = buffer.room(filled)
         while filled < ready:
@@ -137,3 +177,60 @@ def test_slow_huge_pages_turn_the_rest_of_the_frame_to_small_pages(
     # and past the probe of one huge page at the start of each window after it.
     assert _mapping_of(buffer, length - 1)["THPeligible"] == ("1" if pay else "0")
     assert bytes(buffer.map[length - len(data) : length]) == data[: len(data)]
+
+
+def test_a_thread_makes_a_large_frames_pages_ahead_of_the_bytes_and_ends_with_them() -> None:
+    length = 64 << 20
+    buffer = FrameBuffer(length)
+    assert buffer.thread is not None and buffer.thread.name == "apportion-pages"
+    # Before any byte arrived, and without being asked again, the first step is made.
+    _wait_for(lambda: buffer.ready >= pages.STEP, "the first step of pages")
+    data = os.urandom(1 << 20)
+    _write_into_made_pages(buffer, data)
+    assert buffer.ready == length
+    buffer.thread.join(timeout=30)
+    assert not buffer.thread.is_alive()
+    assert bytes(buffer.map[length - len(data) :]) == data
+    if os.path.exists("/proc/self/smaps"):
+        # Private, and in small pages: huge ones made from memory a virtual machine's host
+        # took back come slower than small ones (see pages.py).
+        mapping = _mapping_of(buffer)
+        assert mapping["name"] == "" and int(mapping["Anonymous"]) > 0, mapping
+        assert mapping.get("AnonHugePages", "0") == "0", mapping
+
+
+def test_a_stopped_or_dropped_frame_ends_its_thread() -> None:
+    stopped = FrameBuffer(256 << 20)
+    assert stopped.thread is not None
+    stopped.stop()
+    stopped.thread.join(timeout=30)
+    assert not stopped.thread.is_alive()
+    assert stopped.ready < stopped.length  # (it made no more than a step or two)
+
+    dropped = FrameBuffer(256 << 20)
+    thread = dropped.thread
+    assert thread is not None
+    _wait_for(lambda frame=dropped: frame.ready >= pages.STEP, "the first step of pages")
+    del dropped
+    gc.collect()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def test_no_memory_for_the_pages_fails_the_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (The system cannot be brought to refuse memory safely here: its answer is played.)
+    def no_memory(address: int, size: int, advice: int) -> int:
+        ctypes.set_errno(errno.ENOMEM)
+        return -1
+
+    monkeypatch.setattr(pages, "_libc_madvise", lambda: no_memory)
+    data = os.urandom(1 << 16) * 200  # 13 MB: its frame has a thread
+    stream = encode([{"op": "big", "data": data}])
+    reader = FrameReader(max_frame=1 << 26)
+    reader.feed(stream[:HEADER_BYTES])  # (no byte of the frame yet: no page asked for)
+    large = reader.large
+    assert large is not None and large.thread is not None
+    large.thread.join(timeout=30)
+    with pytest.raises(ProtocolError, match="no memory for the pages of a frame"):
+        reader.large_room()
+    assert reader.large is None  # dropped: never touched again
