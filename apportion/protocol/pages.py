@@ -50,7 +50,13 @@ HUGE_PAGE = 2 << 20  # windows end on huge-page boundaries: none is made twice o
 # Below what small pages come at (about 1.9 GB/s there), leaving room for the fixed cost
 # of one call on a probe of 2 MiB (hot probes: 1.6-2.6 GB/s; taken back: 0.4-0.8).
 SLOW_HUGE_PAGES = 1.2e9
-THREAD_FROM = 4 << 20  # smaller frames make their pages between reads (see above)
+# Smaller frames make their pages between reads (see above): they are mostly made of
+# memory freed moments before (whose huge pages come fast), and a thread did not pay for
+# them. On the development machine, worker to worker at 10 MB: 981-1,027 MB/s between
+# reads, 696-731 with a thread; at 30 MB 1,530 and 1,094, but in memory the host had
+# taken back 1,246 and 1,217 (gather 715 and 1,536); at 100 MB there, 788-879 and
+# 1,379-1,424.
+THREAD_FROM = 64 << 20
 STEP = 8 << 20  # one call of the thread's: short, so that it stops soon after its frame
 AHEAD = 32 << 20
 _IDLE_CHECK_S = 1.0  # how often a waiting thread looks whether its frame was dropped

@@ -224,6 +224,7 @@ def test_no_memory_for_the_pages_fails_the_frame(monkeypatch: pytest.MonkeyPatch
         return -1
 
     monkeypatch.setattr(pages, "_libc_madvise", lambda: no_memory)
+    monkeypatch.setattr(pages, "THREAD_FROM", 4 << 20)
     data = os.urandom(1 << 16) * 200  # 13 MB: its frame has a thread
     stream = encode([{"op": "big", "data": data}])
     reader = FrameReader(max_frame=1 << 26)
