@@ -175,16 +175,13 @@ def describe(floor: dict[str, object] | None) -> str:
 
 
 def _whole_transfers(floor: dict[str, object]) -> str:
+    said = " 400 MB from one buffer into another in the other process:"
     if "loopback_tcp_400mb_new_mb_per_s" in floor:
         return (
-            " 400 MB from one buffer into another in the other process:"
-            f" {floor['loopback_tcp_400mb_made_mb_per_s']:g} MB/s into memory made before,"
+            f"{said} {floor['loopback_tcp_400mb_made_mb_per_s']:g} MB/s into memory made before,"
             f" {floor['loopback_tcp_400mb_new_mb_per_s']:g} MB/s into new memory (pages made"
             " as the bytes arrive)."
         )
     if "loopback_tcp_whole_400mb_mb_per_s" in floor:  # results from before: pages made before
-        return (
-            " 400 MB from one buffer into another in the other process:"
-            f" {floor['loopback_tcp_whole_400mb_mb_per_s']:g} MB/s."
-        )
+        return f"{said} {floor['loopback_tcp_whole_400mb_mb_per_s']:g} MB/s."
     return ""

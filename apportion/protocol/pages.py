@@ -35,7 +35,6 @@ pages come by fault as before: slower, never wrong.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import functools
 import mmap
@@ -62,6 +61,9 @@ AHEAD = 32 << 20
 _IDLE_CHECK_S = 1.0  # how often a waiting thread looks whether its frame was dropped
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (not in Python 3.11's mmap module)
 _PRIVATE = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+# What making pages fails with when the system has no memory for them (the frame fails);
+# anything else (EINVAL: an older kernel) leaves the pages to faults.
+_NO_MEMORY = (errno.ENOMEM, errno.EFAULT)
 
 # Cleared on the first kernel that refuses it (EINVAL): it will not accept it later.
 _populate = hasattr(mmap, "MADV_HUGEPAGE")
@@ -84,6 +86,8 @@ def _new_map(length: int, huge: bool) -> tuple[mmap.mmap, bool | None]:
 @functools.cache
 def _libc_madvise() -> Callable[[int, int, int], int] | None:
     """The C library's madvise, through ctypes (which lets go of the GIL), or None."""
+    import ctypes  # (here: most processes never receive a frame this large)
+
     try:
         function = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError, TypeError):
@@ -94,6 +98,8 @@ def _libc_madvise() -> Callable[[int, int, int], int] | None:
 
 
 def _address_of(memory: mmap.mmap) -> int:
+    import ctypes
+
     pointer = ctypes.c_char.from_buffer(memory)
     try:
         return ctypes.addressof(pointer)
@@ -156,7 +162,7 @@ class FrameBuffer:
         yet come by fault). Raises MemoryError when the system has no memory for them."""
         if self._maker is None:
             return self._room_between_reads(filled)
-        if self._failed in (errno.ENOMEM, errno.EFAULT):
+        if self._failed in _NO_MEMORY:
             raise MemoryError(
                 f"no memory for the pages of a frame of {self.length} bytes at byte {self.ready}"
             )
@@ -185,7 +191,7 @@ class FrameBuffer:
                 try:
                     self._make(start=ready, end=end)
                 except OSError as exc:
-                    if exc.errno in (errno.ENOMEM, errno.EFAULT):
+                    if exc.errno in _NO_MEMORY:
                         raise MemoryError(
                             f"no memory for the {end - ready} bytes of a frame of "
                             f"{self.length} bytes at byte {ready}"
@@ -216,6 +222,8 @@ class FrameBuffer:
             madvise = _libc_madvise()
             assert madvise is not None
             if madvise(self._address + start, end - start, _MADV_POPULATE_WRITE) != 0:
+                import ctypes
+
                 code = ctypes.get_errno()
                 raise OSError(code, errno.errorcode.get(code, "madvise failed"))
         return huge_pages_pay(end - start, time.perf_counter() - began)

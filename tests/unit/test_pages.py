@@ -104,11 +104,7 @@ def _huge_pages_on() -> bool:
 def _mapping_of(buffer: FrameBuffer, offset: int = 0) -> dict[str, str]:
     """The fields /proc/self/smaps gives for the mapping holding byte ``offset`` of
     ``buffer``."""
-    import ctypes
-
-    pointer = ctypes.c_char.from_buffer(buffer.map)
-    address = ctypes.addressof(pointer) + offset
-    del pointer  # (held, it would keep the map from being closed)
+    address = pages._address_of(buffer.map) + offset
     fields: dict[str, str] = {}
     inside = False
     with open("/proc/self/smaps") as smaps:
