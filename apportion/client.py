@@ -142,6 +142,9 @@ class Client:
         self._key_counter = itertools.count()
         # Large arguments this client put on workers, by key: the worker holding each.
         self._stored_on: dict[str, str] = {}
+        # Their pickles' sizes (an argument of a size stored before is hashed before
+        # it is sent: it may be a repeat).
+        self._stored_bytes: dict[str, int] = {}
         # Their values, kept until the tasks that took them are done: put on another
         # worker if their holder is lost first (see apportion/stored_args.py).
         self._kept: dict[str, KeptArgument] = {}
@@ -382,27 +385,20 @@ class Client:
         futures: dict[int | str, Future] = {}
         values: dict[str, Any] = {}
         for position, value, payload in found:
-            token = (
-                content_token(payload)
-                if pure
-                else f"{self._key_prefix}{next(self._key_counter):012x}"
-            )
-            key = f"{type(value).__name__}-{token}"
-            values[key] = value
-            with self._lock:
-                known = self._states.get(key)
-            if known is not None and known.status != "cancelled":
-                futures[position] = Future(key, self, known)  # stored already: once is enough
-                continue
             try:
-                self._io.run(self._put(holder, key, payload))
+                key, known = self._put_argument(holder, value, payload, pure)
             except (OSError, CommClosedError) as exc:
                 logger.info(
                     "could not store an argument on %s, sending it with the task: %s", holder, exc
                 )
                 return None
+            values[key] = value
+            if known is not None:
+                futures[position] = Future(key, self, known)  # stored already: once is enough
+                continue
             with self._lock:
                 self._stored_on[key] = holder
+                self._stored_bytes[key] = len(payload)
             take = self._options({}, 0, options["priority"], holder)
             spec, future = self._prepare(stored_argument, (key,), {}, key, True, take)
             if spec is not None:
@@ -410,6 +406,51 @@ class Client:
             futures[position] = future
         new_args, new_kwargs = replace(tuple(args), dict(kwargs), futures)
         return new_args, new_kwargs, tuple(futures.values()), values
+
+    def _put_argument(
+        self, holder: str, value: Any, payload: Payload, pure: bool
+    ) -> tuple[str, FutureState | None]:
+        """Put one large argument on ``holder``: its key, and the state of that key when
+        this client has it stored already (then nothing is sent). Raises OSError or
+        CommClosedError when the worker could not store it.
+
+        A pure argument's key is a hash of its bytes. It is computed while the bytes
+        travel, under a name of their own that the worker replaces by the key once known
+        (the hash lets go of the GIL, the loop thread sends meanwhile): the hash costs a
+        tenth of a transfer's time on one host. When an argument of the same size is
+        stored already, it is hashed first instead, so that a repeat is not sent again."""
+        kind = type(value).__name__
+        if not pure:
+            key = f"{kind}-{self._key_prefix}{next(self._key_counter):012x}"
+            self._io.run(self._put(holder, key, payload))
+            return key, None
+        with self._lock:
+            same_size = len(payload) in self._stored_bytes.values()
+        if same_size:
+            key = f"{kind}-{content_token(payload)}"
+            known = self._stored_state(key)
+            if known is None:
+                self._io.run(self._put(holder, key, payload))
+            return key, known
+        upload = f"upload-{self._key_prefix}{next(self._key_counter):012x}"
+        sending = asyncio.run_coroutine_threadsafe(
+            self._put(holder, upload, payload), self._io.loop
+        )
+        try:
+            key = f"{kind}-{content_token(payload)}"
+        finally:
+            sending.result()
+        known = self._stored_state(key)
+        if known is not None:  # stored by another thread meanwhile
+            self._io.loop.call_soon_threadsafe(self._drop_stored, upload, holder)
+        else:
+            self._io.run(self._name_stored(holder, upload, key))
+        return key, known
+
+    def _stored_state(self, key: str) -> FutureState | None:
+        with self._lock:
+            known = self._states.get(key)
+        return known if known is not None and known.status != "cancelled" else None
 
     def _keep(
         self, values: dict[str, Any], taker: str, state: FutureState, options: dict[str, Any]
@@ -501,6 +542,11 @@ class Client:
         reply = await self._pool.request(address, {"op": "put-data", "key": key, "data": payload})
         if reply.get("op") != "stored":
             raise OSError(f"worker {address} did not store {key!r}: {reply!r}")
+
+    async def _name_stored(self, address: str, upload: str, key: str) -> None:
+        reply = await self._pool.request(address, {"op": "name-data", "upload": upload, "key": key})
+        if reply.get("op") != "named":  # the connection it came through ended meanwhile
+            raise OSError(f"worker {address} no longer holds the argument put as {upload!r}")
 
     def _drop_stored(self, key: str, holder: str) -> None:
         """On the loop: a stored argument's future was released before its task took it."""
@@ -961,6 +1007,7 @@ class Client:
                 return
             if self._stored_on:
                 holder = self._stored_on.pop(key, None)
+                self._stored_bytes.pop(key, None)
                 if holder is not None and state is not None and state.status == "pending":
                     with contextlib.suppress(RuntimeError):  # the loop is closed
                         self._io.loop.call_soon_threadsafe(self._drop_stored, key, holder)

@@ -600,6 +600,8 @@ class Worker:
                         comm.send(self._data_reply(message))
                     elif op == "put-data" and hello["role"] == "client":
                         self._store(comm, message)
+                    elif op == "name-data" and hello["role"] == "client":
+                        self._name_stored(comm, message)
                     elif op == "drop-data" and hello["role"] == "client":
                         self.stored.drop(message["keys"])
                     else:
@@ -623,6 +625,14 @@ class Worker:
             raise TypeError(f"put-data needs a string key, got {key!r}")
         self.stored.put(key, loads_value(message["data"]), owner=comm)
         comm.send({"op": "stored", "id": message.get("id"), "key": key})
+
+    def _name_stored(self, comm: Comm, message: Message) -> None:
+        """Give a client's stored argument, put under a name of its own, its key."""
+        upload, key = message["upload"], message["key"]
+        if not isinstance(upload, str) or not isinstance(key, str):
+            raise TypeError(f"name-data needs string names, got {upload!r} and {key!r}")
+        named = self.stored.rename(upload, key)
+        comm.send({"op": "named" if named else "not-stored", "id": message.get("id"), "key": key})
 
     def _data_reply(self, request: Message) -> Message:
         """Results for a peer or client. Pickled here and not kept: the reply leaves this

@@ -4,7 +4,9 @@ A client submitting a task with a large argument stores that argument here first
 (``put-data`` on its connection to this worker), then submits a small task of the same
 key, restricted to this worker, whose function (``stored_argument``) takes the value out
 of this store: from then on it is an ordinary result, held, served to peers and freed by
-the scheduler like any other. A value nobody takes is dropped when the client says so
+the scheduler like any other. A client may put the value under a name of its own first and
+give it its key afterwards (``name-data``, on the same connection): it sends the value while
+it computes the key, a hash of its bytes. A value nobody takes is dropped when the client says so
 (its future was released) or when the client's connection to this worker ends.
 """
 
@@ -37,6 +39,15 @@ class StoredArguments:
                 "task again"
             )
         return entry[0]
+
+    def rename(self, old: str, new: str) -> bool:
+        """The value put as ``old`` is kept as ``new`` from now on; False when there is no
+        ``old`` (dropped: its client's connection ended)."""
+        with self._lock:
+            entry = self._values.pop(old, None)
+            if entry is not None:
+                self._values[new] = entry
+        return entry is not None
 
     def drop(self, keys: list[str]) -> None:
         with self._lock:

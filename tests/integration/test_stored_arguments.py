@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from apportion.worker.stored import waiting_keys
 
+import apportion.client as client_module
 from apportion import Client, LocalCluster
 from tests.integration.tasks import wait_for_file
 
@@ -89,6 +90,71 @@ def test_the_same_argument_twice_is_stored_once(client: Client) -> None:
     held = held_bytes(client)
     assert 2 * MB <= held["a"] < 3 * MB
     del first, second
+    gc.collect()
+    wait_until(lambda: held_bytes(client)["a"] < MB)
+
+
+def _hashing_records_waiting_keys(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> list[list[str]]:
+    """Hash large arguments as the client does, first noting the keys waiting on the
+    workers; when an upload is on its way, the hash waits for it to arrive (at most 10 s).
+    Returns the notes, one list per hash."""
+    notes: list[list[str]] = []
+    real = client_module.content_token
+
+    def waiting() -> list[str]:
+        return [key for keys in client.run(waiting_keys).values() for key in keys]
+
+    def noting(payload: object) -> str:
+        deadline = time.monotonic() + 10
+        while not any(k.startswith("upload-") for k in waiting()):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        notes.append(waiting())
+        return real(payload)
+
+    monkeypatch.setattr(client_module, "content_token", noting)
+    return notes
+
+
+def test_an_argument_travels_while_its_key_is_hashed(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    notes = _hashing_records_waiting_keys(client, monkeypatch)
+    argument = np.random.default_rng(2).random(3 * MB // 8)
+    total = client.submit(np.sum, argument, resources={"A": 1})
+    assert total.result(timeout=60) == pytest.approx(argument.sum())
+    # While the key was being hashed, the bytes were on the worker under a name of
+    # their own; they are known by the key now.
+    assert len(notes) == 1
+    assert [key.startswith("upload-") for key in notes[0]] == [True]
+    key = total._state.arguments[0].key
+    assert key.startswith("ndarray-")
+    assert held_bytes(client)["a"] >= 3 * MB  # taken by its task, under its key: a result
+    del total
+    gc.collect()
+    wait_until(lambda: held_bytes(client)["a"] < MB)
+    assert client.run(waiting_keys) == {address: [] for address in client.run(waiting_keys)}
+
+
+def test_an_argument_the_size_of_a_stored_one_is_hashed_before_it_travels(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It may be a repeat (stored once); when it is not, it is stored under its own key."""
+    first = np.full(2 * MB // 8, 1.0)
+    held = client.submit(np.sum, first, resources={"A": 1})
+    assert held.result(timeout=60) == first.sum()
+    notes = _hashing_records_waiting_keys(client, monkeypatch)
+    other = np.full(2 * MB // 8, 3.0)
+    total = client.submit(np.sum, other, resources={"A": 1})
+    assert total.result(timeout=60) == other.sum()
+    assert len(notes) == 1
+    assert not any(key.startswith("upload-") for key in notes[0])
+    assert total._state.arguments[0].key != held._state.arguments[0].key
+    assert 4 * MB <= held_bytes(client)["a"] < 5 * MB
+    del held, total
     gc.collect()
     wait_until(lambda: held_bytes(client)["a"] < MB)
 

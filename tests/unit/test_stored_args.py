@@ -77,3 +77,14 @@ def test_a_stored_value_is_taken_once_or_dropped_with_its_owner() -> None:
     assert store.keys() == ["k2"]
     store.drop(["k2"])
     assert store.keys() == []
+
+
+def test_a_renamed_value_keeps_its_owner_and_a_missing_one_is_not_renamed() -> None:
+    store = StoredArguments()
+    owner = object()
+    store.put("upload-1", 1, owner)
+    assert store.rename("upload-1", "int-abc")
+    assert store.keys() == ["int-abc"]
+    assert not store.rename("upload-1", "int-def")  # gone: nothing to name
+    store.drop_from(owner)
+    assert store.keys() == []
