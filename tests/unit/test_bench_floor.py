@@ -68,3 +68,18 @@ def test_results_from_before_the_two_whole_figures_still_describe() -> None:
         }
     )
     assert "other process: 3235.2 MB/s." in text
+
+
+def test_the_loopback_figure_is_the_median_of_every_sample_over_the_run() -> None:
+    first = floor.with_loopback_samples({"cpu_loop_s": 0.1}, [2000.0, 4700.0, 1800.0])
+    assert first["loopback_tcp_mb_per_s"] == 2000.0
+    later = floor.with_loopback_samples(first, [2100.0, 2200.0, 1900.0])
+    assert later["loopback_tcp_mb_per_s"] == 2050.0
+    assert later["loopback_tcp_samples_mb_per_s"] == [1800, 1900, 2000, 2100, 2200, 4700]
+    assert later["cpu_loop_s"] == 0.1
+    text = floor.describe(
+        {**later, "round_trip_us": {"p50": 1.0, "p99": 2.0}, "memcpy_gb_per_s": 9.0}
+    )
+    assert "moves 2050 MB/s between two processes (median of 6 samples over the run," in text
+    assert "1800-4700); memcpy 9 GB/s." in text
+    assert len(floor.loopback_samples(2)) == 2
