@@ -14,6 +14,7 @@ from apportion.coordination import Event, Lock, Queue, Semaphore, Variable
 from apportion.data import fire_and_forget
 from apportion.errors import (
     CancelledError,
+    InputLoadError,
     KilledWorkerError,
     NoValidWorkerError,
     Reschedule,
@@ -35,6 +36,7 @@ __all__ = [
     "Client",
     "Event",
     "Future",
+    "InputLoadError",
     "KilledWorkerError",
     "LocalCluster",
     "Lock",

@@ -48,6 +48,12 @@ class KilledWorkerError(ApportionError, RuntimeError):
     """A task was running on too many workers that died; it is probably what kills them."""
 
 
+class InputLoadError(ApportionError, RuntimeError):
+    """A task's input arrived on the task's worker but did not load there (its message
+    names the input, where it came from and the error loading it raised). The task fails
+    at once: fetched again or recomputed, the input would not load any better."""
+
+
 class ResourceDeadlockError(ApportionError, RuntimeError):
     """A subtask could only ever run on resources that the tasks waiting for it hold.
 

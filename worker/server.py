@@ -33,7 +33,7 @@ from tornado.ioloop import PeriodicCallback
 
 from apportion import config, shared_memory
 from apportion.aio import background
-from apportion.errors import Reschedule
+from apportion.errors import InputLoadError, Reschedule
 from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
 from apportion.protocol.comm import format_address, parse_address
@@ -358,20 +358,27 @@ class Worker:
                 self._tell_clients(instruction)
 
     async def _fetch(self, fetch: Fetch) -> None:
-        """Get one result from the first of its holders that answers."""
+        """Get one result from the first of its holders that answers. One that arrives
+        but does not load fails the tasks waiting for it here: its bytes are the same
+        from every holder and after a recomputation."""
         problems = []
         for holder in fetch.holders:
             try:
                 payload, segment = await self._get_from(holder, fetch.key)
-                if payload is None:
-                    problems.append(f"{holder} does not hold it")
-                    continue
-                size = len(payload)
-                value = loads_value(payload)
-            except Exception as exc:  # unreachable, gone, or a payload that does not load
+            except Exception as exc:  # unreachable, or gone
                 logger.info("fetching %s from %s failed: %r", fetch.key, holder, exc)
                 problems.append(f"{holder}: {exc!r}")
                 continue
+            if payload is None:
+                problems.append(f"{holder} does not hold it")
+                continue
+            size = len(payload)
+            try:
+                value = loads_value(payload)
+            except Exception as exc:
+                del payload, segment
+                self._unloadable(fetch, holder, exc)
+                return
             del payload
             if segment is not None:  # this replica can be shared in turn
                 self.shared.hold(fetch.key, segment, value)
@@ -384,6 +391,19 @@ class Worker:
         reason = f"LookupError: no holder of {fetch.key!r} answered: {problems}"
         with self._lock:
             instructions = self.state.fetch_failed(fetch.key, fetch.epoch, reason)
+        self._carry_out(instructions)
+
+    def _unloadable(self, fetch: Fetch, holder: str, exc: Exception) -> None:
+        logger.warning("%s from %s does not load here: %r", fetch.key, holder, exc)
+        error = InputLoadError(
+            f"the input {fetch.key!r}, fetched from {holder}, does not load on worker "
+            f"{self.address}: {exc!r} (a task's result must load on the worker of each "
+            "task that takes it: are the modules it needs installed there?)"
+        )
+        error.__cause__ = exc  # (its traceback, in the text the client shows)
+        exception, text = dumps_exception(error)
+        with self._lock:
+            instructions = self.state.fetch_unloadable(fetch.key, fetch.epoch, exception, text)
         self._carry_out(instructions)
 
     async def _get_from(

@@ -320,6 +320,27 @@ class WorkerState:
             )
         return instructions
 
+    def fetch_unloadable(
+        self, key: str, epoch: int, exception: Payload, traceback: str
+    ) -> list[Instruction]:
+        """``key`` arrived but does not load here (the pickled ``exception`` says why): it
+        would not load any better fetched again or recomputed, so the tasks waiting for it
+        fail with that error, and a copy the scheduler asked for is refused."""
+        pending = self.fetching.get(key)
+        if epoch != self.epoch or pending is None:
+            return []
+        del self.fetching[key]
+        instructions: list[Instruction] = []
+        if pending.acquire:
+            reason = f"{key!r} does not load on this worker"
+            instructions.append(Send({"op": "acquire-failed", "key": key, "reason": reason}))
+        for task in pending.waiting:
+            if self.tasks.get(task.run_id) is not task:
+                continue  # cancelled meanwhile
+            self._drop(task)
+            instructions.append(Send(erred_message(task, exception, traceback)))
+        return instructions
+
     # --------------------------------------------------------------------- runs
     def report_run(
         self,

@@ -121,3 +121,24 @@ def gpu_step(log: str, i: int, value: int, seconds: float) -> int:
     gpus = worker.task.resources.get("GPU", 0)
     _log_line(log, f"gpu step-{i} {worker.name} {start} {time.monotonic()} {gpus}")
     return 2 * value
+
+
+class LoadsOnlyWhereMade:
+    """A value that loads only in the process that made it (as one whose class's module
+    only some workers have)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def __setstate__(self, state: dict) -> None:
+        if state["pid"] != os.getpid():
+            raise RuntimeError("this value loads only in the process that made it")
+        self.__dict__.update(state)
+
+
+def made_here() -> LoadsOnlyWhereMade:
+    return LoadsOnlyWhereMade()
+
+
+def maker_pid(value: LoadsOnlyWhereMade) -> int:
+    return value.pid

@@ -16,13 +16,14 @@ import pytest
 
 from apportion import (
     Client,
+    InputLoadError,
     KilledWorkerError,
     LocalCluster,
     SchedulerConnectionError,
     config,
 )
 from tests.conftest import wait_until
-from tests.integration.tasks import hold, inc
+from tests.integration.tasks import hold, inc, made_here, maker_pid
 
 APPORTION = [sys.executable, "-m", "apportion"]
 
@@ -256,6 +257,28 @@ def test_a_result_too_large_for_a_frame_fails_clearly_and_so_does_a_huge_argumen
         finally:
             client.close()
             cluster.close()
+
+
+def test_a_result_that_does_not_load_where_it_is_needed_fails_the_task_that_takes_it() -> None:
+    """Fetched again or made again, it would not load any better: the task taking it
+    fails with the error loading it raised, instead of waiting while it is made again
+    and again."""
+    workers = [{"name": "a", "resources": {"A": 1}}, {"name": "b", "resources": {"B": 1}}]
+    with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
+        assert client.get_task_stream() == []  # (runs are recorded from here on)
+        made = client.submit(made_here, resources={"A": 1})
+        assert client.submit(maker_pid, made, resources={"A": 1}).result(timeout=30) > 0
+        taken = client.submit(maker_pid, made, resources={"B": 1})
+        with pytest.raises(InputLoadError, match="loads only in the process that made") as raised:
+            taken.result(timeout=60)
+        message = str(raised.value)
+        assert f"the input {made.key!r}, fetched from tcp://" in message
+        assert "are the modules it needs installed there?" in message
+        assert "in __setstate__" in str(raised.value.__cause__)  # where loading it failed
+        made_runs = [run for run in client.get_task_stream(0) if run["key"] == made.key]
+        assert len(made_runs) == 1
+        assert client.submit(inc, 1, resources={"B": 1}).result(timeout=30) == 2
+        assert client.check_invariants() == []
 
 
 def test_a_standalone_scheduler_creates_a_private_token_that_local_clients_find(

@@ -233,6 +233,26 @@ def test_a_failed_fetch_sends_the_task_back_as_missing_its_input() -> None:
     assert node.started == [] and node.state.data == {"other": 1}
 
 
+def test_an_input_that_does_not_load_fails_the_tasks_waiting_for_it() -> None:
+    node = Node()
+    node.compute("y", deps={"x": ["peer"], "other": ["peer"]})
+    node.compute("z", deps={"x": ["peer"]})
+    node.state.acquire("x", ["peer"])
+    error, text = dumps_exception(RuntimeError("x does not load here"))
+    stale = node.state.fetch_unloadable("x", node.state.epoch - 1, error, text)
+    assert stale == []  # from a scheduler before the last one: nothing of it is known
+    node.apply(node.state.fetch_unloadable("x", node.state.epoch, error, text))
+    erred = node.ops("task-erred")
+    assert [(m["key"], m["run_id"]) for m in erred] == [("y", _run_id("y")), ("z", _run_id("z"))]
+    assert all(m["exception"] == error and m["traceback"] == text for m in erred)
+    assert node.ops("missing-deps") == []  # not fetched again, nor made again
+    (refused,) = node.ops("acquire-failed")
+    assert refused["key"] == "x"
+    assert node.state.tasks == {} and list(node.state.fetching) == ["other"]
+    node.fetched("other", 1)  # arrives anyway: kept as a copy, no task starts
+    assert node.started == []
+
+
 def test_a_freed_key_goes_only_once_no_task_here_needs_it() -> None:
     node = Node(nthreads=1)
     node.compute("blocker")
