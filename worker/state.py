@@ -295,10 +295,9 @@ class WorkerState:
 
     def fetch_failed(self, key: str, epoch: int, reason: str) -> list[Instruction]:
         """No holder of ``key`` answered: the tasks waiting for it go back to the scheduler."""
-        pending = self.fetching.get(key)
-        if epoch != self.epoch or pending is None:
+        pending = self._fetch_over(key, epoch)
+        if pending is None:
             return []
-        del self.fetching[key]
         instructions: list[Instruction] = []
         if pending.acquire:
             instructions.append(Send({"op": "acquire-failed", "key": key, "reason": reason}))
@@ -326,10 +325,9 @@ class WorkerState:
         """``key`` arrived but does not load here (the pickled ``exception`` says why): it
         would not load any better fetched again or recomputed, so the tasks waiting for it
         fail with that error, and a copy the scheduler asked for is refused."""
-        pending = self.fetching.get(key)
-        if epoch != self.epoch or pending is None:
+        pending = self._fetch_over(key, epoch)
+        if pending is None:
             return []
-        del self.fetching[key]
         instructions: list[Instruction] = []
         if pending.acquire:
             reason = f"{key!r} does not load on this worker"
@@ -340,6 +338,15 @@ class WorkerState:
             self._drop(task)
             instructions.append(Send(erred_message(task, exception, traceback)))
         return instructions
+
+    def _fetch_over(self, key: str, epoch: int) -> _Fetching | None:
+        """The fetch of ``key`` that ended, no longer under way (None: not one of this
+        scheduler's, or not under way)."""
+        pending = self.fetching.get(key)
+        if epoch != self.epoch or pending is None:
+            return None
+        del self.fetching[key]
+        return pending
 
     # --------------------------------------------------------------------- runs
     def report_run(
