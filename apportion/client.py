@@ -17,6 +17,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable
+from concurrent.futures import TimeoutError as FetchTimeout
 from operator import itemgetter
 from typing import Any
 
@@ -645,16 +646,39 @@ class Client:
 
         return _rebuild(futures, resolve, skipped)
 
-    def _value_of(self, future: Future) -> Any:
+    def _value_of(self, future: Future, deadline: float | None = None) -> Any:
         state = future._state
         if not state.has_value():
-            self._fetch_missing([future])
+            self._fetch_missing([future], deadline)
+            if state.status != "finished":  # lost, and failed when made again
+                raise future._exception()
         return state.value()
 
-    def _fetch_missing(self, futures: list[Future]) -> None:
-        missing = [f for f in futures if not f._state.has_value()]
-        if missing:
-            self._io.run(self._fetch(missing))
+    def _fetch_missing(self, futures: list[Future], deadline: float | None = None) -> None:
+        """Fetch the values of finished futures not here yet (by ``deadline``, a
+        time.monotonic(), if given: else TimeoutError)."""
+        while True:
+            missing = [f for f in futures if not f._state.has_value()]
+            if not missing:
+                return
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                self._io.run(self._fetch(missing), left)
+                return
+            except (TimeoutError, FetchTimeout):  # (one class from Python 3.11 on)
+                raise TimeoutError(
+                    f"the result of {missing[0].key!r} was not fetched in time"
+                ) from None
+            except SchedulerConnectionError:
+                # Its holder was lost meanwhile (the scheduler said so before the fetch
+                # ended): it is being made again; wait for it and fetch it from there.
+                lost = [f for f in missing if f._state.status == "pending"]
+                if not lost or self._lost:
+                    raise
+                for future in lost:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    future._wait(left)
+                futures = [f for f in futures if f._state.status == "finished"]
 
     async def _fetch(self, futures: list[Future]) -> None:
         by_worker: dict[str, list[FutureState]] = {}
@@ -906,6 +930,8 @@ class Client:
         elif op == "task-lost":
             if state is not None:
                 state.lose()
+        elif op == "worker-left":  # removed by the scheduler: fetches from it end
+            self._pool.drop(message["address"])
         elif op == "who-has":  # a copy was made (its holder is retiring): fetch from there
             if state is not None:
                 state.who_has = list(message["who_has"])

@@ -190,9 +190,10 @@ class Future:
         return self._state.is_done()
 
     def result(self, timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._wait(timeout)
         if self._state.status == "finished":
-            return self.client._value_of(self)
+            return self.client._value_of(self, deadline)
         raise self._exception()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:

@@ -426,6 +426,14 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         # 6. Retirements and copies involving it go on without it.
         if self.copying or ws in self.awaiting:
             self._retirement_lost(ws, reason)
+        # 7. It may be silent, not gone (frozen, or its host cut off): a worker or client
+        # fetching from it would wait for ever. Its results count as lost from now on
+        # (clients heard so above), so every fetch from it ends and goes to another holder
+        # or waits for the result to be made again.
+        if not expected:
+            left = {"op": "worker-left", "address": address}
+            for other in [*self.workers, *self.clients]:
+                self.send(other, left)
 
     def handle_heartbeat(self, address: str) -> None:
         ws = self.workers.get(address)

@@ -326,6 +326,9 @@ class Worker:
             elif op == "run":
                 background(self._on_run(message))
                 continue
+            elif op == "worker-left":  # removed by the scheduler: fetches from it end
+                self.peers.drop(message["address"])
+                continue
             elif op == "close":  # retired, its results copied elsewhere: the process ends
                 background(self.close(str(message.get("reason", "told to close"))))
                 continue

@@ -116,6 +116,13 @@ class ConnectionPool:
         except (OSError, CommClosedError, ProtocolError) as exc:
             logger.info("could not connect to %s ahead of time: %s", address, exc)
 
+    def drop(self, address: str) -> None:
+        """Close the connection to ``address`` (its peer is gone, or should be taken to
+        be): the requests waiting on it fail with CommClosedError."""
+        comm = self._comms.get(address)
+        if comm is not None:
+            comm.close()
+
     def close(self) -> None:
         for comm in list(self._comms.values()):
             comm.close()

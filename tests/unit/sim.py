@@ -46,6 +46,8 @@ class Sim:
         self.acquires: list[tuple[str, Message]] = []
         # Seceded runs given their resources back, as (address, run_id).
         self.reacquired: list[tuple[str, int]] = []
+        # Workers each worker was told the scheduler removed (fetches from them end).
+        self.left: dict[str, list[str]] = {}
         # New totals sent to workers (client.set_resources), as (address, resources).
         self.resized: list[tuple[str, dict[str, float]]] = []
         self.to_clients: dict[str, list[Message]] = {}
@@ -79,6 +81,8 @@ class Sim:
             self.reacquired.append((address, msg["run_id"]))
         elif op == "set-resources":
             self.resized.append((address, msg["resources"]))
+        elif op == "worker-left":
+            self.left.setdefault(address, []).append(msg["address"])
         else:  # pragma: no cover - a new op the tests do not know yet
             raise AssertionError(f"unexpected message to worker {address}: {msg}")
 
@@ -121,8 +125,8 @@ class Sim:
         self.state.add_worker(address, address, nthreads, dict(resources or {}))
         self.step()
 
-    def remove_worker(self, address: str) -> None:
-        self.state.remove_worker(address)
+    def remove_worker(self, address: str, expected: bool = False) -> None:
+        self.state.remove_worker(address, expected=expected)
         self.runs[address] = {}
         self.step()
 

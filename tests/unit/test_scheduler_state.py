@@ -391,6 +391,23 @@ def test_worker_loss_does_not_recompute_results_held_elsewhere(sim: Sim) -> None
     assert sim.states() == {"x": "memory", "y": "memory", "z": "memory"}
 
 
+def test_a_worker_lost_is_named_to_every_worker_and_client_after_its_results(sim: Sim) -> None:
+    """A lost worker may be silent, not gone: fetches from it must end. A worker that
+    left as it was told to (retired) is named to nobody."""
+    sim.add_worker("w1", {"A": 1})
+    sim.add_worker("w2")
+    sim.add_worker("w3")
+    sim.submit("x", resources={"A": 1})
+    sim.finish("x")
+    sim.remove_worker("w1")
+    assert sim.left == {"w2": ["w1"], "w3": ["w1"]}
+    ops = [m["op"] for m in sim.to_clients["c"]]
+    assert ops.index("task-lost") < ops.index("worker-left")  # lost, then its fetches end
+    assert sim.client_messages("worker-left") == [{"op": "worker-left", "address": "w1"}]
+    sim.remove_worker("w3", expected=True)
+    assert sim.left == {"w2": ["w1"], "w3": ["w1"]}
+
+
 def test_dependent_queued_behind_a_lost_result_waits_for_its_recomputation(sim: Sim) -> None:
     sim.add_worker("w1", {"G": 1})
     sim.submit("a", resources={"G": 1})
