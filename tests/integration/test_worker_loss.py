@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -63,65 +66,67 @@ def test_a_dependency_chain_survives_losing_a_worker_midway() -> None:
         assert tail.result(timeout=60) == 82
 
 
-def test_a_fetch_from_a_worker_that_froze_ends_when_the_scheduler_removes_it() -> None:
-    """A frozen worker (SIGSTOP: its kernel still acknowledges every byte, as a cut-off
-    host's connections stay open) never answers a fetch already under way; once the
-    scheduler removes it for its silence, the fetch ends and its input is made again."""
-    workers = [
-        {"name": "a1", "resources": {"A": 1}},
-        {"name": "a2", "resources": {"A": 1}},
-        {"name": "b", "resources": {"B": 1}},
-    ]
-    settings = {"scheduler.worker-timeout": 3.0, "worker.heartbeat-interval": 0.5}
+QUICK_REMOVAL = {"scheduler.worker-timeout": 3.0, "worker.heartbeat-interval": 0.5}
+
+
+@contextlib.contextmanager
+def _frozen_a1_after(
+    prepare: Callable[[Client, dict[str, str]], Any], *others: dict[str, Any]
+) -> Iterator[tuple[Client, Any]]:
+    """A cluster of workers a1, a2 (resource A) and ``others``, removed after 3 s of
+    silence; ``prepare(client, address_by_name)`` runs first, then a1 is frozen
+    (SIGSTOP: its kernel still acknowledges every byte, as a cut-off host's connections
+    stay open) while the body runs. Yields the client and what ``prepare`` returned."""
+    workers = [{"name": "a1", "resources": {"A": 1}}, {"name": "a2", "resources": {"A": 1}}]
+    workers.extend(others)
     with (
-        config.set(settings),
+        config.set(QUICK_REMOVAL),
         LocalCluster(workers=workers) as cluster,
         Client(cluster) as client,
     ):
-        client.wait_for_workers(3, timeout=60)
+        client.wait_for_workers(len(workers), timeout=60)
         address = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
-        pids = client.run(os.getpid)
+        pid = client.run(os.getpid)[address["a1"]]
+        prepared = prepare(client, address)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield client, prepared
+            names = {w["name"] for w in client.scheduler_info()["workers"].values()}
+            assert "a1" not in names
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert client.check_invariants() == []
+
+
+def test_a_fetch_from_a_worker_that_froze_ends_when_the_scheduler_removes_it() -> None:
+    """A frozen worker never answers a fetch already under way; once the scheduler
+    removes it for its silence, the fetch ends and its input is made again."""
+
+    def prepare(client: Client, address: dict[str, str]) -> Any:
         on_a1 = {"resources": {"A": 1}, "workers": [address["a1"]]}
         # b has fetched from a1 before: its connection to a1 is open (the case that hung).
         warm = client.submit(bytes, 200_001, **on_a1)
         assert client.submit(len, warm, resources={"B": 1}).result(timeout=30) == 200_001
         made = client.submit(bytes, 200_000, **on_a1, allow_other_workers=True)
         made.result(timeout=30)
-        os.kill(pids[address["a1"]], signal.SIGSTOP)
-        try:
-            taken = client.submit(len, made, resources={"B": 1})
-            assert taken.result(timeout=60) == 200_000
-            names = {w["name"] for w in client.scheduler_info()["workers"].values()}
-            assert names == {"a2", "b"}
-        finally:
-            os.kill(pids[address["a1"]], signal.SIGCONT)
-        assert client.check_invariants() == []
+        return made
+
+    with _frozen_a1_after(prepare, {"name": "b", "resources": {"B": 1}}) as (client, made):
+        taken = client.submit(len, made, resources={"B": 1})
+        assert taken.result(timeout=60) == 200_000
 
 
 def test_a_client_fetching_from_a_worker_that_froze_gets_the_result_made_again() -> None:
-    workers = [{"name": "a1", "resources": {"A": 1}}, {"name": "a2", "resources": {"A": 1}}]
-    settings = {"scheduler.worker-timeout": 3.0, "worker.heartbeat-interval": 0.5}
-    with (
-        config.set(settings),
-        LocalCluster(workers=workers) as cluster,
-        Client(cluster) as client,
-    ):
-        client.wait_for_workers(2, timeout=60)
-        address = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
-        pids = client.run(os.getpid)
+    def prepare(client: Client, address: dict[str, str]) -> Any:
         on_a1 = {"resources": {"A": 1}, "workers": [address["a1"]], "allow_other_workers": True}
         # The client has fetched from a1 before: its connection to a1 is open.
         assert len(client.submit(bytes, 300_001, **on_a1).result(timeout=30)) == 300_001
         made = client.submit(bytes, 300_000, **on_a1)
         wait([made], timeout=30)  # made, not fetched
-        os.kill(pids[address["a1"]], signal.SIGSTOP)
-        try:
-            assert made.result(timeout=60) == bytes(300_000)
-            names = {w["name"] for w in client.scheduler_info()["workers"].values()}
-            assert names == {"a2"}
-        finally:
-            os.kill(pids[address["a1"]], signal.SIGCONT)
-        assert client.check_invariants() == []
+        return made
+
+    with _frozen_a1_after(prepare) as (_, made):
+        assert made.result(timeout=60) == bytes(300_000)
 
 
 def test_result_with_a_timeout_gives_up_on_a_fetch_that_does_not_end() -> None:
