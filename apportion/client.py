@@ -662,6 +662,7 @@ class Client:
             if not missing:
                 return
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            tried = {f.key: list(f._state.who_has) for f in missing}
             try:
                 self._io.run(self._fetch(missing), left)
                 return
@@ -671,11 +672,16 @@ class Client:
                 ) from None
             except SchedulerConnectionError:
                 # Its holder was lost meanwhile (the scheduler said so before the fetch
-                # ended): it is being made again; wait for it and fetch it from there.
-                lost = [f for f in missing if f._state.status == "pending"]
-                if not lost or self._lost:
+                # ended): it is being made again, or was made again already elsewhere;
+                # wait for it and fetch it from there.
+                again = [
+                    f
+                    for f in missing
+                    if f._state.status == "pending" or f._state.who_has != tried[f.key]
+                ]
+                if not again or self._lost:
                     raise
-                for future in lost:
+                for future in again:
                     left = None if deadline is None else max(0.0, deadline - time.monotonic())
                     future._wait(left)
                 futures = [f for f in futures if f._state.status == "finished"]
