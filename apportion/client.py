@@ -657,14 +657,17 @@ class Client:
     def _fetch_missing(self, futures: list[Future], deadline: float | None = None) -> None:
         """Fetch the values of finished futures not here yet (by ``deadline``, a
         time.monotonic(), if given: else TimeoutError)."""
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         while True:
             missing = [f for f in futures if not f._state.has_value()]
             if not missing:
                 return
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             tried = {f.key: list(f._state.who_has) for f in missing}
             try:
-                self._io.run(self._fetch(missing), left)
+                self._io.run(self._fetch(missing), left())
                 return
             except (TimeoutError, FetchTimeout):  # (one class from Python 3.11 on)
                 raise TimeoutError(
@@ -682,8 +685,7 @@ class Client:
                 if not again or self._lost:
                     raise
                 for future in again:
-                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    future._wait(left)
+                    future._wait(left())
                 futures = [f for f in futures if f._state.status == "finished"]
 
     async def _fetch(self, futures: list[Future]) -> None:
