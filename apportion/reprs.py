@@ -58,16 +58,3 @@ def summary_html(title: str, address: str, link: str | None, info: dict[str, Any
         )
         parts.append(workers_table(info["workers"]))
     return "<div class='apportion'>" + "".join(parts) + "</div>"
-
-
-def summary_text(title: str, address: str, link: str | None, info: dict[str, Any]) -> str:
-    workers = info["workers"].values()
-    total: dict[str, float] = {}
-    for w in workers:
-        for name, amount in (w.get("resources") or {}).items():
-            total[name] = total.get(name, 0) + amount
-    dashboard = f", dashboard {link.split('?')[0]}" if link else ""
-    return (
-        f"<{title} {address}: {len(info['workers'])} workers with "
-        f"{format_resources(total)}{dashboard}>"
-    )

@@ -64,12 +64,6 @@ def encode_frame(messages: list[Message]) -> bytes | list[Buffer]:
     return HEADER.pack(length) + payload
 
 
-def encode_parts(messages: list[Message]) -> list[Buffer]:
-    """One frame as a list of the pieces to write (one piece for a plain frame)."""
-    frame = encode_frame(messages)
-    return [frame] if isinstance(frame, bytes) else frame
-
-
 def _header(length: int) -> bytes:
     if length > MAX_FRAME_LIMIT:
         raise ProtocolError(f"frame of {length} bytes exceeds the 4 GiB wire limit")

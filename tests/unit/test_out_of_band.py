@@ -9,10 +9,12 @@ import pytest
 from apportion.protocol.frames import (
     BUFFER_ALIGNMENT,
     HEADER_BYTES,
+    Buffer,
+    Message,
     ProtocolError,
     decode,
     encode,
-    encode_parts,
+    encode_frame,
 )
 from apportion.protocol.reader import FrameReader
 from apportion.serialize import (
@@ -29,6 +31,12 @@ from apportion.serialize import (
 class Dep:
     def __init__(self, key: str) -> None:
         self.key = key
+
+
+def encode_parts(messages: list[Message]) -> list[Buffer]:
+    """One frame as the list of pieces a connection writes (one piece for a plain frame)."""
+    frame = encode_frame(messages)
+    return [frame] if isinstance(frame, bytes) else frame
 
 
 def received(parts: list) -> bytearray:
