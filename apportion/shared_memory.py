@@ -97,7 +97,8 @@ def host_identity() -> str:
 
 
 _identity: str | None = None
-# Turned off for the whole process (``switch``): the benchmark compares both paths.
+# Turned off for the whole process by ``switch``: the data benchmark calls it in each
+# worker (benchmarks/workloads.py, share_memory_here) to time TCP beside shared memory.
 _switched_off = False
 
 
