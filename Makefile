@@ -79,9 +79,10 @@ $(COMPILED_STAMP): $(PACKAGE_SOURCES)
 # pytest puts the directory above the tests/ package first on sys.path; at the repository
 # root that would import the source tree's apportion/ instead of the compiled install. So
 # the tests run from a copy of tests/ in an empty temporary directory (which is also the
-# working directory of the processes they start), with the README whose examples tests run.
+# working directory of the processes they start), with the README and docs/ whose examples
+# tests run.
 test-compiled: $(COMPILED_STAMP)  ## the scheduler's tests against the mypyc-compiled build
-	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cp -R tests README.md "$$tmp/" && \
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cp -R tests README.md docs "$$tmp/" && \
 	cd "$$tmp" && APPORTION_EXPECT_COMPILED=1 $(CURDIR)/$(COMPILED_VENV)/bin/python -m pytest \
 		-c $(CURDIR)/pyproject.toml --rootdir . -p no:cacheprovider \
 		$(addprefix tests/,$(COMPILED_TESTS))

@@ -25,8 +25,10 @@ from tests.conftest import wait_until
 README = Path(__file__).parents[2] / "README.md"
 
 
-def section(title: str) -> str:
-    text = README.read_text()
+def section(title: str, page: Path = README) -> str:
+    """The text under a heading (``## title``) of the README or of a page of docs/, up to
+    the next heading of any level."""
+    text = page.read_text()
     start = text.index(f"## {title}\n")
     end = text.find("\n#", text.index("\n", start) + 1)
     while end != -1 and text.count("```", start, end) % 2:  # a '#' inside a code block

@@ -164,9 +164,9 @@ def test_the_seed_pipeline_survives_scheduler_kills_during_each_stage(tmp_path: 
         cluster.close()
 
 
-def test_the_readme_restart_example_works_as_pasted(tmp_path: Path) -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme[readme.index("- **The scheduler restarts**") :]
+def test_the_documented_restart_example_works_as_pasted(tmp_path: Path) -> None:
+    page = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    section = page[page.index("- **The scheduler restarts**") :]
     block = section[section.index("```python") + len("```python") : section.index("  ```\n")]
     script = tmp_path / "example.py"
     script.write_text(textwrap.dedent(block))
