@@ -205,9 +205,9 @@ _CORE_FILES = {
     "config", "aio", "logs", "annotations", "shared_memory",
 }  # fmt: skip
 _CLIENT_FILES = {
-    "session", "client", "async_client", "futures", "cluster_ops", "coordination", "data",
-    "default_client", "lineage", "worker_client", "progress", "reprs", "performance_report",
-    "stored_args", "local", "kubernetes", "port_forward", "process",
+    "session", "future_table", "client", "async_client", "futures", "cluster_ops",
+    "coordination", "data", "default_client", "lineage", "worker_client", "progress", "reprs",
+    "performance_report", "stored_args", "local", "kubernetes", "port_forward", "process",
     # the client's reconnection to a restarted scheduler
     "reconnect",
 }  # fmt: skip
