@@ -5,6 +5,7 @@ sockets (``Node``, tests/unit/worker_node.py, plays the task threads)."""
 from __future__ import annotations
 
 import pytest
+from apportion.worker.output import units_held
 from apportion.worker.state import Resume, Send
 
 from tests.unit.worker_node import Node
@@ -177,3 +178,14 @@ def test_the_books_stay_straight_through_random_secessions() -> None:
         assert all(abs(used) < 1e-9 for used in node.state.ledger.used.values())
         resumed += len(node.resumed)
     assert resumed > 50  # the walk did rejoin runs
+
+
+def test_the_heartbeat_names_the_units_a_seceded_run_still_holds() -> None:
+    node = Node(nthreads=3, resources={"GPU": 3})
+    for key in ["kept", "gave", "cancelled"]:
+        node.compute(key, resources={"GPU": 1})
+    node.secede("kept")
+    node.secede("gave", release=True)
+    node.apply(node.state.cancel(node.running["cancelled"].run_id))
+    held = units_held(node.state.tasks.values())
+    assert held == {"units": [[node.running["kept"].run_id, {"GPU": [0]}]]}
