@@ -23,13 +23,12 @@ ancestors kept fails with ``ResourceDeadlockError`` instead of waiting forever.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from apportion.worker import context, secession
+from apportion.worker import secession
 
 if TYPE_CHECKING:
     from apportion.client import Client
@@ -64,32 +63,12 @@ def close_clients() -> None:
 def secede(release_resources: bool = False) -> None:
     """Give this task's thread back to the worker (another task may start in its place);
     with ``release_resources`` its resources too, until ``rejoin()``."""
-    worker, task = secession.running()
-    with worker._lock:
-        instructions = secession.secede(worker.state, task, release_resources)
-    if not instructions:
-        return  # seceded already
-    if not secession.left_pool():
-        secession.mark_left_pool(True)
-        worker.add_task_thread()
-    worker._loop_call(worker._carry_out, instructions)
+    secession.secede(release_resources)
 
 
 def rejoin() -> None:
     """Take a thread again (and released resources), waiting until they are free."""
-    worker, task = secession.running()
-    with worker._lock:
-        waiting, instructions = secession.rejoin(worker.state, task)
-    if waiting is None:
-        return  # not seceded
-    units = task.units
-    worker._loop_call(worker._carry_out, instructions)
-    waiting.event.wait()
-    if task.units != units:  # granted again, maybe other unit indices
-        info = context.get_worker()
-        if info.task is not None:
-            granted = dataclasses.replace(info.task, units=dict(task.units))
-            context.set_current(dataclasses.replace(info, task=granted))
+    secession.rejoin()
 
 
 @contextmanager

@@ -121,8 +121,10 @@ def send_running_output(tasks: Iterable[Any], send: Callable[[dict[str, Any]], A
 
 def units_held(tasks: Iterable[Any]) -> dict[str, Any]:
     """For the heartbeat: ``{"units": [[run_id, {"GPU": [1]}], ...]}`` for the running
-    tasks holding numbered units (the dashboard shows who holds which); empty if none."""
-    held = [[t.run_id, t.units] for t in list(tasks) if t.status == "running" and t.units]
+    tasks holding numbered units (the dashboard shows who holds which); empty if none.
+    A run holds units from its start to its end, except while seceded with its resources
+    released (then it has none); a cancelled one is not shown."""
+    held = [[t.run_id, t.units] for t in list(tasks) if t.units and not t.cancelled]
     return {"units": held} if held else {}
 
 

@@ -24,6 +24,7 @@ from apportion.worker.state import (
     Execute,
     Fetch,
     Instruction,
+    Resume,
     Send,
     TellClients,
     WorkerState,
@@ -73,7 +74,7 @@ class Worker:
         self.scheduler_address = scheduler_address
         configured = config.get("worker.resources", {}) or {}
         merged = {**configured, **(resources or {})}
-        self.resources = validate(merged, what="capacity")
+        advertised = validate(merged, what="capacity")
         self.nthreads = int(nthreads or config.get("worker.nthreads") or 1)
         sched_host, _ = parse_address(scheduler_address)
         loopback = sched_host in ("127.0.0.1", "localhost", "::1")
@@ -87,8 +88,8 @@ class Worker:
         # What the worker runs, holds and fetches: a pure state machine (worker/state.py).
         # THE LOCK RULE: self.state is read and changed only with self._lock held, by the
         # event loop and by task threads alike; the instructions it returns are carried
-        # out after releasing it. The lock also guards _unsent and _drain_scheduled.
-        self.state = WorkerState(self.nthreads, self.resources, self.name, self.inline_limit)
+        # out after releasing it. The lock also guards _unsent, _drain_scheduled and _wakes.
+        self.state = WorkerState(self.nthreads, advertised, self.name, self.inline_limit)
         self._lock = threading.Lock()
         self.functions = FunctionLoadCache()
         # Long-lived task threads fed by a queue (cheaper than an executor's futures).
@@ -98,6 +99,8 @@ class Worker:
         # sends them in one frame per burst (one wake-up per burst, see _hand_to_loop).
         self._unsent: list[Message] = []
         self._drain_scheduled = False
+        # Seceded runs' threads waiting in rejoin(), by run id: set by Resume.
+        self._wakes: dict[int, threading.Event] = {}
         self.peers = ConnectionPool("peer", token)
         # Clients connected here, by id: told of results they wait for without the
         # scheduler's hop (it hears too, and tells only the clients not told).
@@ -117,6 +120,11 @@ class Worker:
         # Why the worker stopped on its own, when it failed (no scheduler to return to).
         self.failure: str | None = None
         self.readiness = readiness.Readiness()  # GET /ready: connected to the scheduler?
+
+    @property
+    def resources(self) -> dict[str, float]:
+        """What this worker advertises (``client.set_resources`` changes it)."""
+        return self.state.resources
 
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Worker:
@@ -315,14 +323,12 @@ class Worker:
                 self._send(uploads.reply_to(message))
                 continue
             elif op == "set-resources":  # client.set_resources: new totals from now on
-                self.resources = validate(message["resources"], what="capacity")
+                resources = validate(message["resources"], what="capacity")
                 with self._lock:
-                    self.state.resources = dict(self.resources)
-                    self.state.ledger.resize(self.resources)
-                    instructions = self.state._start()
+                    instructions = self.state.set_resources(resources)
             elif op == "reacquired":  # a seceded run's resources are its own again
                 with self._lock:
-                    instructions = secession.reacquired(self.state, message["run_id"])
+                    instructions = self.state.reacquired(message["run_id"])
             elif op == "run":
                 background(self._on_run(message))
                 continue
@@ -351,8 +357,8 @@ class Worker:
         for instruction in instructions:
             if isinstance(instruction, Execute):
                 self._jobs.put(instruction.task)
-            elif isinstance(instruction, secession.Resume):
-                instruction.rejoin.event.set()
+            elif isinstance(instruction, Resume):
+                self._wake(instruction.task)
             elif isinstance(instruction, Send):
                 self._send(instruction.message)
             elif isinstance(instruction, Fetch):
@@ -454,7 +460,7 @@ class Worker:
                 starts = self.state.free_run(task)
             task = None
             others = [start for start in starts if not isinstance(start, Execute)]
-            if others:  # seceded runs resuming (worker/secession.py)
+            if others:  # seceded runs resuming
                 self._loop_call(self._carry_out, others)
             extra = secession.left_pool()  # this thread seceded: another took its place
             for start in starts:
@@ -470,6 +476,44 @@ class Worker:
                 return
             if task is None:
                 task = self._jobs.get()
+
+    # ---------------------------------------------------------------- secession
+    def secede_run(self, task: WorkerTask, release: bool) -> None:
+        """In ``task``'s own thread (``secede()``): the thread leaves the pool, so one more
+        thread takes its place there; it ends with the run."""
+        with self._lock:
+            instructions = self.state.secede(task, release)
+        if not instructions:
+            return  # seceded already
+        if not secession.left_pool():
+            secession.mark_left_pool(True)
+            self.add_task_thread()
+        self._loop_call(self._carry_out, instructions)
+
+    def rejoin_run(self, task: WorkerTask) -> None:
+        """In ``task``'s own thread (``rejoin()``): returns once the run has a thread (and
+        its resources) again; ``get_worker()`` then names the units it holds now."""
+        units = task.units
+        wake: threading.Event | None = None
+        with self._lock:
+            instructions = self.state.rejoin(task)
+            resumed = [i for i in instructions if isinstance(i, Resume) and i.task is task]
+            if resumed:  # at once: nothing to wait for
+                instructions.remove(resumed[0])
+            else:  # registered with the state's answer, so no Resume can come before
+                wake = self._wakes[task.run_id] = threading.Event()
+        if instructions:
+            self._loop_call(self._carry_out, instructions)
+        if wake is not None:
+            wake.wait()
+        if task.units != units:  # granted again, maybe other unit indices
+            set_current(self._worker_info(self._task_info(task)))
+
+    def _wake(self, task: WorkerTask) -> None:
+        with self._lock:
+            wake = self._wakes.pop(task.run_id, None)
+        if wake is not None:
+            wake.set()
 
     def _send_from_thread(self, comm: Comm | None, messages: list[Message], epoch: int) -> bool:
         """In a task thread: write to the scheduler at once when the connection is idle,
@@ -506,7 +550,7 @@ class Worker:
 
     def _execute(self, task: WorkerTask) -> Outcome:
         """Runs in a task thread: returns (ok, value, pickled value or exception, traceback)."""
-        context = TaskInfo(task.key, dict(task.shape), task.units)
+        context = self._task_info(task)
         task.start = output.begin(task)
         secession.set_running(self, task)
         try:
@@ -578,21 +622,27 @@ class Worker:
 
     def _call(self, func: bytes, args: bytes, task: TaskInfo | None) -> Any:
         """Call a pickled function with its arguments, ``get_worker()`` answering meanwhile."""
-        set_current(
-            WorkerInfo(
-                self.name,
-                self.address,
-                self.nthreads,
-                dict(self.resources),
-                self.scheduler_address,
-                task,
-            )
-        )
+        set_current(self._worker_info(task))
         try:
             call_args, kwargs = loads_args(args, self._resolve)
             return self.functions.loads(func)(*call_args, **kwargs)
         finally:
             set_current(None)
+
+    def _worker_info(self, task: TaskInfo | None) -> WorkerInfo:
+        """What ``get_worker()`` answers in this thread (``task``: the run it runs)."""
+        return WorkerInfo(
+            self.name,
+            self.address,
+            self.nthreads,
+            dict(self.resources),
+            self.scheduler_address,
+            task,
+        )
+
+    @staticmethod
+    def _task_info(task: WorkerTask) -> TaskInfo:
+        return TaskInfo(task.key, dict(task.shape), task.units)
 
     async def _on_run(self, message: Message) -> None:
         """``client.run``: call a function in this worker process and answer."""

@@ -1,20 +1,33 @@
 """The worker's state machine: events in, instructions out; no I/O, no threads.
 
 Events are the scheduler's messages (``compute``, ``cancel``, ``free-keys``,
-``acquire-data``), the outcomes of fetches from peers, the end of a run, and the loss of
-the scheduler. Each event method changes state and returns the instructions that the
-process edge (``worker/server.py``) carries out:
+``acquire-data``, ``reacquired``, ``set-resources``), the outcomes of fetches from peers,
+what a run asks from its own thread (``secede``, ``rejoin``), the end of a run, and the
+loss of the scheduler. Each event method changes state and returns the instructions that
+the process edge (``worker/server.py``) carries out:
 
 - ``Execute(task)``: run the task in a thread (its resources are already taken);
 - ``Send(message)``: a message for the scheduler;
 - ``TellClients(clients, message)``: tell clients connected here of a result directly;
 - ``Fetch(key, holders)``: get a result from the peers holding it, then call
-  ``fetched`` or ``fetch_failed``.
+  ``fetched`` or ``fetch_failed``;
+- ``Resume(task)``: wake a seceded run waiting in ``rejoin()``: it has its thread (and its
+  resources) back.
+
+Every change of a task's status goes through one funnel that checks it against
+``TRANSITIONS`` (any other raises ``InvalidTransition``) and records it in a bounded story
+(``WorkerState.story(key)``).
 
 Resource accounting: a task's resources are taken from the local ledger when it starts
 (``Execute``) and given back when its run ends (``free_run``), whatever the
 scheduler sent; so the worker never runs more than it declared. A task starts only when
 a thread is free and its resources fit; among the ready tasks the most urgent starts.
+
+Seceding (``secede()`` in a task, worker/secession.py): the run stops counting as running,
+so another ready task may start in its place; with ``release`` its resources go back to the
+ledger too, and ``rejoin`` must first ask the scheduler to grant them back (``reacquire``,
+answered by ``reacquired``), then wait for the local ledger to fit them. Seceded runs
+waiting to rejoin take free threads before any ready task.
 
 Data: every result held here (computed, or fetched for a task as its input, or copied
 for a retiring peer) is known to the scheduler as held here, and stays until the
@@ -24,25 +37,105 @@ once that need ends.
 
 from __future__ import annotations
 
+from collections import deque
+from time import time
 from typing import Any, Literal, NamedTuple
 
 from apportion.worker.local_resources import LocalResources
 from apportion.worker.output import Capture, add_run_report
 
-from apportion.errors import Reschedule
+from apportion.errors import ApportionError, Reschedule
 from apportion.resources import Shape, format_resources, to_shape
 from apportion.serialize import Payload, dumps_exception
 
 Message = dict[str, Any]
 
-# fetching: waits for inputs from peers; ready: waits for a thread and its resources;
-# running: in a thread; cancelled: still in its thread, its result is dropped at the end.
-TaskStatus = Literal["fetching", "ready", "running", "cancelled"]
+TaskStatus = Literal[
+    "new",  # just received
+    "fetching",  # waits for inputs from peers
+    "ready",  # waits for a thread and its resources
+    "running",  # in a thread, counted as running, holding its resources
+    "seceded",  # in a thread that left the pool; still holding its resources
+    "seceded-released",  # in a thread that left the pool; its resources back in the ledger
+    "reacquiring",  # released, wants to rejoin: the scheduler was asked to grant them back
+    "granted",  # the scheduler granted them back: waits for a thread and the ledger to fit
+    "rejoining",  # seceded with its resources, wants to rejoin: waits for a thread
+    "done",  # its run ended; its thread and resources are given back
+    "dropped",  # never ran: cancelled, inputs not found, scheduler lost, or too big here
+]
+
+# The legal changes of a task's status; any other is a bug (InvalidTransition). A run ends
+# only from its thread (running) or seceded: a run waiting to rejoin is blocked in rejoin().
+TRANSITIONS: frozenset[tuple[TaskStatus, TaskStatus]] = frozenset(
+    {
+        ("new", "fetching"),
+        ("new", "ready"),
+        ("new", "dropped"),
+        ("fetching", "ready"),
+        ("fetching", "dropped"),
+        ("ready", "running"),
+        ("ready", "dropped"),
+        ("running", "seceded"),
+        ("running", "seceded-released"),
+        ("running", "done"),
+        ("seceded", "rejoining"),
+        ("seceded", "done"),
+        ("seceded-released", "reacquiring"),
+        ("seceded-released", "done"),
+        ("reacquiring", "granted"),
+        ("granted", "running"),
+        ("rejoining", "running"),
+    }
+)
+# The same table by status (a lookup without building a pair on every change).
+_NEXT: dict[str, frozenset[str]] = {
+    start: frozenset(finish for first, finish in TRANSITIONS if first == start)
+    for start, _ in TRANSITIONS
+}
+_NEXT["done"] = _NEXT["dropped"] = frozenset()
+
+# The statuses of a run in a thread: a cancel only marks it (a thread cannot be
+# interrupted), and the loss of the scheduler keeps it.
+IN_THREAD: frozenset[str] = frozenset(
+    {"running", "seceded", "seceded-released", "reacquiring", "granted", "rejoining"}
+)
+# How a seceded run stands, for a new scheduler (registration_report): released means
+# not granted back yet; a run granted its resources but not resumed holds them already.
+_SECEDED_REPORT: dict[str, dict[str, bool]] = {
+    "seceded": {"seceded": True, "released": False, "reacquiring": False},
+    "seceded-released": {"seceded": True, "released": True, "reacquiring": False},
+    "reacquiring": {"seceded": True, "released": True, "reacquiring": True},
+    "granted": {"seceded": True, "released": False, "reacquiring": False},
+    "rejoining": {"seceded": True, "released": False, "reacquiring": False},
+}
+
+# One line of a task's story: (key, from status, to status, the event that caused it, time).
+# A cancel of a run in a thread changes no status: it is recorded with from == to.
+StoryEntry = tuple[str, str, str, str, float]
+
+
+class InvalidTransition(ApportionError, RuntimeError):
+    """A task's status was to change in a way ``TRANSITIONS`` does not allow: a bug in
+    the worker's state machine. Carries the task's ``story`` up to that point."""
+
+    def __init__(
+        self, key: str, start: str, finish: str, stimulus: str, story: list[StoryEntry]
+    ) -> None:
+        super().__init__(
+            f"task {key!r}: no transition from {start!r} to {finish!r} (on {stimulus}); "
+            f"its story: {story}"
+        )
+        self.key = key
+        self.start = start
+        self.finish = finish
+        self.stimulus = stimulus
+        self.story = story
 
 
 class WorkerTask:
     __slots__ = (
         "args",
+        "cancelled",
         "deps",
         "epoch",
         "fetched",
@@ -71,7 +164,9 @@ class WorkerTask:
         self.priority: int = message.get("priority", 0)
         # Clients waiting for the result: told directly when connected here.
         self.notify: list[str] = message.get("notify") or []
-        self.status: TaskStatus = "fetching"
+        self.status: TaskStatus = "new"
+        # Cancelled while in its thread: its result is dropped at its end.
+        self.cancelled = False
         self.units: dict[str, list[int]] = {}
         # Inputs still on their way from peers.
         self.missing: set[str] = set()
@@ -85,7 +180,8 @@ class WorkerTask:
         self.output: Capture | list[list[str]] | None = None
 
     def __repr__(self) -> str:
-        return f"<WorkerTask {self.key!r} run {self.run_id} {self.status}>"
+        cancelled = " cancelled" if self.cancelled else ""
+        return f"<WorkerTask {self.key!r} run {self.run_id} {self.status}{cancelled}>"
 
 
 class Execute(NamedTuple):
@@ -117,7 +213,14 @@ class Fetch(NamedTuple):
     epoch: int
 
 
-Instruction = Execute | Send | TellClients | Fetch
+class Resume(NamedTuple):
+    """Wake ``task``'s thread, waiting in ``rejoin()``: the run has its thread (and its
+    resources) back."""
+
+    task: WorkerTask
+
+
+Instruction = Execute | Send | TellClients | Fetch | Resume
 
 
 class _Fetching:
@@ -139,6 +242,7 @@ class WorkerState:
         resources: dict[str, float],
         name: str = "",
         inline_limit: int = 64 * 1024,
+        story_length: int = 10_000,
     ) -> None:
         self.nthreads = nthreads
         self.resources = dict(resources)
@@ -149,7 +253,11 @@ class WorkerState:
         self.epoch = 0
         self.tasks: dict[int, WorkerTask] = {}
         self.ready: list[WorkerTask] = []
+        # Runs in threads counted as running (seceded ones are not).
         self.running = 0
+        # Seceded runs that may take a thread again (rejoining, granted), oldest first:
+        # they take free threads before any ready task.
+        self.rejoining: list[WorkerTask] = []
         self.data: dict[str, Any] = {}
         # Pickled size of each held result, for a new scheduler's placement (it prefers
         # the worker holding a task's inputs' bytes).
@@ -162,8 +270,8 @@ class WorkerState:
         # Keys the scheduler freed while a task here still needed them: gone when it ends.
         self.doomed: set[str] = set()
         self.fetching: dict[str, _Fetching] = {}
-        # Seceded runs (worker/secession.py's Books), once one secedes.
-        self.secession: Any = None
+        # The latest changes of tasks' statuses, all tasks together (see story()).
+        self._story: deque[StoryEntry] = deque(maxlen=story_length)
 
     # ------------------------------------------------------------ scheduler events
     def compute(self, message: Message) -> list[Instruction]:
@@ -173,12 +281,13 @@ class WorkerState:
                 f"task {task.key!r} needs {format_resources(dict(task.shape))}, more than "
                 f"worker {self.name} declared ({format_resources(self.resources)})"
             )
+            self._to(task, "dropped", "compute")
             return [Send(erred_message(task, *dumps_exception(problem)))]
         self.tasks[task.run_id] = task
         if not task.deps:
-            task.status = "ready"
+            self._to(task, "ready", "compute")
             self.ready.append(task)
-            return self._start()
+            return self._start("compute")
         instructions: list[Instruction] = []
         needed, data = self.needed, self.data
         for key, holders in task.deps.items():
@@ -193,19 +302,22 @@ class WorkerState:
             pending.waiting.append(task)
         task.fetched = len(task.missing)
         if not task.missing:
-            task.status = "ready"
+            self._to(task, "ready", "compute")
             self.ready.append(task)
-            return self._start()
+            return self._start("compute")
+        self._to(task, "fetching", "compute")
         return instructions
 
     def cancel(self, run_id: int) -> list[Instruction]:
         task = self.tasks.get(run_id)
         if task is None:
             return []
-        if task.status in ("running", "cancelled"):
-            task.status = "cancelled"  # a thread cannot be interrupted: reported when it ends
+        if task.status in IN_THREAD:
+            # A thread cannot be interrupted: the run is reported released when it ends.
+            task.cancelled = True
+            self._story.append((task.key, task.status, task.status, "cancel", time()))
             return []
-        self._drop(task)
+        self._drop(task, "cancel")
         return [Send({"op": "task-released", "key": task.key, "run_id": run_id})]
 
     def free_keys(self, keys: list[str]) -> None:
@@ -227,6 +339,23 @@ class WorkerState:
         pending.acquire = True
         return [Fetch(key, holders, self.epoch)]
 
+    def reacquired(self, run_id: int) -> list[Instruction]:
+        """The scheduler granted a seceded run's resources back: it rejoins once a thread
+        is free and the local ledger fits them (a run here may still be giving them back)."""
+        task = self.tasks.get(run_id)
+        if task is None or task.status != "reacquiring":
+            return []
+        self._to(task, "granted", "reacquired")
+        self.rejoining.append(task)
+        return self._start("reacquired")
+
+    def set_resources(self, resources: dict[str, float]) -> list[Instruction]:
+        """New totals (``client.set_resources``), from now on: runs keep what they hold;
+        what fits now starts."""
+        self.resources = dict(resources)
+        self.ledger.resize(self.resources)
+        return self._start("set-resources")
+
     def scheduler_lost(self) -> None:
         """The scheduler connection dropped: keep what a new scheduler can adopt.
 
@@ -237,8 +366,8 @@ class WorkerState:
         """
         self.epoch += 1
         for task in list(self.tasks.values()):
-            if task.status not in ("running", "cancelled"):
-                self._drop(task)
+            if task.status not in IN_THREAD:
+                self._drop(task, "scheduler-lost")
         self.fetching.clear()
 
     def registration_report(self) -> Message:
@@ -253,10 +382,11 @@ class WorkerState:
                 "key": task.key,
                 "run_id": task.run_id,
                 "resources": dict(task.shape),
-                "cancelled": task.status == "cancelled",
+                "cancelled": task.cancelled,
             }
-            if self.secession is not None:
-                run.update(self.secession.report(task.run_id))
+            seceded = _SECEDED_REPORT.get(task.status)
+            if seceded is not None:
+                run.update(seceded)
             running.append(run)
         nbytes = self.nbytes
         held = {key: nbytes.get(key, 0) for key in self.data if key not in self.doomed}
@@ -286,11 +416,11 @@ class WorkerState:
         for task in pending.waiting:
             task.missing.discard(key)
             if not task.missing and task.status == "fetching":
-                task.status = "ready"
+                self._to(task, "ready", "fetched")
                 self.ready.append(task)
                 started = True
         if started:
-            instructions.extend(self._start())
+            instructions.extend(self._start("fetched"))
         return instructions
 
     def fetch_failed(self, key: str, epoch: int, reason: str) -> list[Instruction]:
@@ -304,7 +434,7 @@ class WorkerState:
         for task in pending.waiting:
             if self.tasks.get(task.run_id) is not task:
                 continue  # cancelled meanwhile
-            self._drop(task)
+            self._drop(task, "fetch-failed")
             # Only this input is known missing: others may still be on their way.
             missing = {key: task.deps[key]}
             instructions.append(
@@ -335,7 +465,7 @@ class WorkerState:
         for task in pending.waiting:
             if self.tasks.get(task.run_id) is not task:
                 continue  # cancelled meanwhile
-            self._drop(task)
+            self._drop(task, "fetch-unloadable")
             instructions.append(Send(erred_message(task, exception, traceback)))
         return instructions
 
@@ -369,7 +499,7 @@ class WorkerState:
             # Ended while no scheduler knew of it: the result (or the error) stays here,
             # for the next scheduler to adopt; a Reschedule is nothing to keep (it runs
             # again), nor is a cancelled run.
-            if task.status == "cancelled":
+            if task.cancelled:
                 return []
             if ok:
                 self.data[task.key] = value
@@ -377,7 +507,7 @@ class WorkerState:
             elif not isinstance(value, Reschedule):
                 self.errors[task.key] = (payload, traceback)
             return []
-        if task.status == "cancelled":
+        if task.cancelled:
             return [Send({"op": "task-released", "key": task.key, "run_id": task.run_id})]
         if not ok:
             if isinstance(value, Reschedule):  # the task asked to be placed again
@@ -394,14 +524,52 @@ class WorkerState:
         return [Send(message)]
 
     def free_run(self, task: WorkerTask) -> list[Instruction]:
-        """Give back a reported run's thread and resources; start what can start now."""
-        counted, held = (True, True) if self.secession is None else self.secession.run_over(task)
-        if counted:
+        """Give back a reported run's thread and resources; start what can start now. A
+        run that ends seceded gives back only what it still holds."""
+        status = task.status
+        if status == "running":
             self.running -= 1
-        if held:
             self.ledger.release(task.shape, task.units)
+        elif status == "seceded":
+            self.ledger.release(task.shape, task.units)
+        self._to(task, "done", "free-run")
         self._unneed(task)
-        return self._start()
+        return self._start("free-run")
+
+    def secede(self, task: WorkerTask, release: bool) -> list[Instruction]:
+        """``task``'s run gives its thread back while it waits (``secede()`` in the task):
+        another ready task may start in its place; with ``release`` (and resources to
+        release) its resources go back to the ledger too. The scheduler hears of it. A run
+        that seceded already changes nothing (no instructions)."""
+        if task.status != "running":
+            return []
+        self.running -= 1
+        release = release and bool(task.shape)
+        if release:
+            self.ledger.release(task.shape, task.units)
+            task.units = {}
+            self._to(task, "seceded-released", "secede")
+        else:
+            self._to(task, "seceded", "secede")
+        message = {"op": "secede", "key": task.key, "run_id": task.run_id, "release": release}
+        return [Send(message), *self._start("secede")]
+
+    def rejoin(self, task: WorkerTask) -> list[Instruction]:
+        """``task``'s seceded run wants a thread again (``rejoin()`` in the task): it gets
+        one before any ready task (``Resume(task)`` once it has). A run that released its
+        resources first asks the scheduler to grant them back (``reacquire``; answered by
+        ``reacquired``). A run that has its thread is answered ``Resume`` at once."""
+        status = task.status
+        if status == "seceded":
+            self._to(task, "rejoining", "rejoin")
+            self.rejoining.append(task)
+            return self._start("rejoin")
+        if status == "seceded-released":
+            self._to(task, "reacquiring", "rejoin")
+            return [Send({"op": "reacquire", "key": task.key, "run_id": task.run_id})]
+        if status == "running":
+            return [Resume(task)]
+        return []  # waiting to rejoin already
 
     def finished_message(self, task: WorkerTask, payload: Payload) -> Message:
         message: Message = {
@@ -415,11 +583,21 @@ class WorkerState:
         return with_run_report(message, task)
 
     # ---------------------------------------------------------------- internals
-    def _start(self) -> list[Instruction]:
-        """Start the most urgent ready tasks that fit, while threads are free."""
+    def _to(self, task: WorkerTask, status: TaskStatus, stimulus: str) -> None:
+        """The one place a task's status changes: checked against TRANSITIONS, recorded
+        in the story."""
+        start = task.status
+        if status not in _NEXT[start]:
+            raise InvalidTransition(task.key, start, status, stimulus, self.story(task.key))
+        self._story.append((task.key, start, status, stimulus, time()))
+        task.status = status
+
+    def _start(self, stimulus: str) -> list[Instruction]:
+        """Start what can start now, while threads are free: first seceded runs waiting to
+        rejoin (oldest first), then the most urgent ready tasks that fit."""
         started: list[Instruction] = []
-        if self.secession is not None and self.secession.rejoining:
-            started.extend(self.secession.resume(self))  # seceded runs come first
+        if self.rejoining:
+            self._resume(started, stimulus)
         ready, ledger = self.ready, self.ledger
         while ready and self.running < self.nthreads:
             best: WorkerTask | None = None
@@ -430,12 +608,27 @@ class WorkerState:
                 break
             ready.remove(best)
             best.units = ledger.acquire(best.shape)
-            best.status = "running"
+            self._to(best, "running", stimulus)
             self.running += 1
             started.append(Execute(best))
         return started
 
-    def _drop(self, task: WorkerTask) -> None:
+    def _resume(self, started: list[Instruction], stimulus: str) -> None:
+        ledger = self.ledger
+        for task in list(self.rejoining):
+            if self.running >= self.nthreads:
+                break
+            if task.status == "granted":
+                if not ledger.fits_now(task.shape):
+                    continue  # the scheduler's grant is ahead of a run here giving them back
+                task.units = ledger.acquire(task.shape)
+            self.rejoining.remove(task)
+            self._to(task, "running", stimulus)
+            self.running += 1
+            started.append(Send({"op": "rejoin", "key": task.key, "run_id": task.run_id}))
+            started.append(Resume(task))
+
+    def _drop(self, task: WorkerTask, stimulus: str) -> None:
         """Forget a task that never started (cancelled, or its inputs were not found)."""
         del self.tasks[task.run_id]
         if task.status == "ready":
@@ -445,6 +638,7 @@ class WorkerState:
             if pending is not None and task in pending.waiting:
                 pending.waiting.remove(task)
         self._unneed(task)
+        self._to(task, "dropped", stimulus)
 
     def _unneed(self, task: WorkerTask) -> None:
         needed = self.needed
@@ -463,32 +657,42 @@ class WorkerState:
         self.nbytes.pop(key, None)
 
     # ------------------------------------------------------------ introspection
+    def story(self, *keys: str) -> list[StoryEntry]:
+        """The recorded changes of these tasks' statuses, oldest first, as (key, from, to,
+        the event that caused it, time): the latest ``story_length`` of all tasks'."""
+        return [entry for entry in self._story if entry[0] in keys]
+
     def check_invariants(self) -> list[str]:
         """Problems with the books (empty when all is well); used by the tests."""
         problems = []
-        seceded = self.secession.seceded if self.secession is not None else set()
-        unheld = self.secession.unheld if self.secession is not None else set()
-        running = [
-            t for t in self.tasks.values() if t.status == "running" and t.run_id not in seceded
-        ]
+        counted = [t for t in self.tasks.values() if t.status == "running"]
         holding: dict[str, float] = dict.fromkeys(self.resources, 0)
-        if len(running) > self.running:
-            problems.append(f"{len(running)} running tasks > running count {self.running}")
+        if len(counted) > self.running:
+            problems.append(f"{len(counted)} running tasks > running count {self.running}")
         if self.running > self.nthreads:
             problems.append(f"{self.running} runs > {self.nthreads} threads")
         for task in self.tasks.values():
-            if task.status == "running" and task.run_id not in unheld:
+            if task.status in ("new", "done", "dropped"):
+                problems.append(f"{task!r} is still among the tasks")
+            if task.status in ("running", "seceded", "rejoining"):
                 for name, amount in task.shape:
-                    holding[name] += amount
+                    holding[name] = holding.get(name, 0) + amount
         for name, total in self.resources.items():
             used = self.ledger.used.get(name, 0)
-            if used > total + 1e-9:
+            # Beyond the total only while runs hold more than a new, smaller one.
+            if used > max(total, holding[name]) + 1e-9:
                 problems.append(f"{name} used {used} > total {total}")
             if used + 1e-9 < holding[name]:
                 problems.append(f"{name} used {used} < held by running tasks {holding[name]}")
         for task in self.ready:
             if task.status != "ready" or self.tasks.get(task.run_id) is not task:
                 problems.append(f"ready list holds {task!r}")
+        for task in self.rejoining:
+            if (
+                task.status not in ("granted", "rejoining")
+                or self.tasks.get(task.run_id) is not task
+            ):
+                problems.append(f"rejoining list holds {task!r}")
         for key, pending in self.fetching.items():
             if key in self.data:
                 problems.append(f"fetching {key!r}, which is held")

@@ -1,93 +1,17 @@
-"""The worker's state machine (worker/state.py), driven without processes, threads or sockets.
-
-``Node`` plays the worker's edge: it records the instructions, "runs" the tasks handed to
-threads only when a test says so, and checks the state machine's books after every event.
-"""
+"""The worker's state machine (worker/state.py), driven without processes, threads or sockets
+(``Node``, tests/unit/worker_node.py, plays the worker's edge and checks its books)."""
 
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import get_args
 
 import pytest
-from apportion.worker.state import Execute, Fetch, Instruction, Send, TellClients, WorkerState
+from apportion.worker.state import TRANSITIONS, Execute, InvalidTransition, TaskStatus
 
 from apportion.serialize import dumps_exception, loads_exception, loads_value
-
-Message = dict[str, Any]
-
-
-class Node:
-    def __init__(
-        self, nthreads: int = 1, resources: dict[str, float] | None = None, inline: int = 100
-    ) -> None:
-        self.state = WorkerState(nthreads, resources or {}, "w", inline_limit=inline)
-        self.running: dict[str, Any] = {}  # key -> WorkerTask handed to a thread
-        self.started: list[str] = []  # keys, in the order they were handed to threads
-        self.sent: list[Message] = []
-        self.fetches: list[Fetch] = []
-        self.told: list[tuple[list[str], Message]] = []
-
-    def apply(self, instructions: list[Instruction]) -> list[Instruction]:
-        for instruction in instructions:
-            if isinstance(instruction, Execute):
-                task = instruction.task
-                assert task.key not in self.running, f"{task.key} started twice"
-                self.running[task.key] = task
-                self.started.append(task.key)
-            elif isinstance(instruction, Send):
-                self.sent.append(instruction.message)
-            elif isinstance(instruction, Fetch):
-                self.fetches.append(instruction)
-            elif isinstance(instruction, TellClients):
-                self.told.append((instruction.clients, instruction.message))
-        problems = self.state.check_invariants()
-        assert problems == [], problems
-        # Independent ledger: the resources in use are exactly those of the runs in threads.
-        for name, total in self.state.resources.items():
-            held = sum(dict(t.shape).get(name, 0) for t in self.running.values())
-            assert abs(self.state.ledger.used[name] - held) < 1e-9, (name, held)
-            assert held <= total + 1e-9
-        assert len(self.running) <= self.state.nthreads
-        return instructions
-
-    # ------------------------------------------------------------------ events
-    def compute(self, key: str, run_id: int | None = None, **fields: Any) -> None:
-        message = {"key": key, "run_id": run_id or _run_id(key), "func": b"f", "args": b"a"}
-        self.apply(self.state.compute({**message, **fields}))
-
-    def finish(self, key: str, value: Any = None, *, busy: bool = False) -> list[Instruction]:
-        task = self.running.pop(key)
-        payload = pickle.dumps(value if value is not None else key)
-        return self.end(task, True, value or key, payload, "", busy)
-
-    def err(self, key: str) -> None:
-        task = self.running.pop(key)
-        data, text = dumps_exception(ValueError(f"{key} failed"))
-        self.end(task, False, None, data, text)
-
-    def end(
-        self, task: Any, ok: bool, value: Any, payload: bytes, text: str, busy: bool = False
-    ) -> list[Instruction]:
-        """As a task thread does: report the run, then free its slot (whose next task, if
-        any, comes first in what is returned: that thread runs it)."""
-        report = self.state.report_run(task, ok, value, payload, text, busy)
-        return self.apply(self.state.free_run(task) + report)
-
-    def fetched(self, key: str, value: Any = "fetched", epoch: int | None = None) -> None:
-        when = self.state.epoch if epoch is None else epoch
-        self.apply(self.state.fetched(key, value, when))
-
-    def fetch_failed(self, key: str) -> None:
-        self.apply(self.state.fetch_failed(key, self.state.epoch, "no holder answered"))
-
-    def ops(self, op: str) -> list[Message]:
-        return [m for m in self.sent if m["op"] == op]
-
-
-def _run_id(key: str) -> int:
-    """A distinct run id per key (as the scheduler would send)."""
-    return int.from_bytes(key.encode(), "big")
+from tests.unit.worker_node import Node
+from tests.unit.worker_node import run_id_of as _run_id
 
 
 # ---------------------------------------------------------------------------- runs
@@ -194,6 +118,32 @@ def test_a_demand_beyond_what_the_worker_declared_errs_at_once() -> None:
     (erred,) = node.ops("task-erred")
     assert "needs GPU=2" in str(loads_value(erred["exception"]))
     assert node.started == [] and node.state.tasks == {}
+
+
+def test_set_resources_raises_the_totals_and_starts_what_fits_now() -> None:
+    node = Node(nthreads=2, resources={"GPU": 1})
+    node.compute("a", resources={"GPU": 1})
+    node.compute("b", resources={"GPU": 1})
+    assert node.started == ["a"]
+    node.set_resources({"GPU": 2})
+    assert node.started == ["a", "b"] and node.running["b"].units == {"GPU": [1]}
+    assert node.state.resources == {"GPU": 2}
+    assert node.state.story("b")[-1][1:4] == ("ready", "running", "set-resources")
+
+
+def test_set_resources_lowering_the_totals_keeps_the_runs_and_holds_back_new_ones() -> None:
+    node = Node(nthreads=4, resources={"GPU": 2})
+    node.compute("a", resources={"GPU": 1})
+    node.compute("b", resources={"GPU": 1})
+    node.set_resources({"GPU": 1})
+    node.compute("c", resources={"GPU": 1})
+    node.finish("a")
+    assert node.started == ["a", "b"]  # one GPU of one still taken by b
+    node.finish("b")
+    assert node.started == ["a", "b", "c"] and node.running["c"].units == {"GPU": [0]}
+    node.compute("too-big", resources={"GPU": 2})  # beyond the new total: errs at once
+    (erred,) = node.ops("task-erred")
+    assert "needs GPU=2" in str(loads_value(erred["exception"]))
 
 
 # --------------------------------------------------------------------- fetches
@@ -392,24 +342,116 @@ def test_a_new_scheduler_hears_the_sizes_of_results_computed_and_fetched() -> No
 
 
 def test_a_seceded_run_is_reported_as_it_stands() -> None:
-    from apportion.worker import secession
-
     node = Node(nthreads=2, resources={"GPU": 1})
     node.compute("kept", run_id=1)
     node.compute("gave", run_id=2, resources={"GPU": 1})
-    # (Node's own ledger knows nothing of secession: the state's books only, here.)
-    secession.secede(node.state, node.running["kept"], release=False)
-    secession.secede(node.state, node.running["gave"], release=True)
-    waiting, _ = secession.rejoin(node.state, node.running["gave"])
-    assert waiting is not None and not waiting.granted  # asked the scheduler: lost with it
+    node.secede("kept", release=False)
+    node.secede("gave", release=True)
+    node.rejoin("gave")
+    # Asked the scheduler for its resources back (lost with it): not granted yet.
+    assert node.ops("reacquire") == [{"op": "reacquire", "key": "gave", "run_id": 2}]
+    assert node.resumed == []
     node.state.scheduler_lost()
     runs = {run["key"]: run for run in node.state.registration_report()["running"]}
     assert runs["kept"]["seceded"] and not runs["kept"]["released"]
     assert runs["gave"]["released"] and runs["gave"]["reacquiring"]
-    secession.reacquired(node.state, 2)  # the new scheduler grants them: a thread is free
+    node.reacquired("gave")  # the new scheduler grants them: a thread is free
     runs = {run["key"]: run for run in node.state.registration_report()["running"]}
     assert "seceded" not in runs["gave"]  # rejoined, its GPU its own again
     assert node.state.ledger.used["GPU"] == 1
+
+
+# ------------------------------------------------------------ transitions and story
+def test_every_status_change_is_one_the_table_allows_and_is_told_in_the_story() -> None:
+    node = Node(nthreads=1, resources={"GPU": 1})
+    node.compute("a", resources={"GPU": 1})
+    node.compute("b", deps={"x": ["peer"]})
+    node.fetched("x")
+    node.secede("a", release=True)
+    node.rejoin("a")
+    node.reacquired("a")
+    node.finish("b")
+    node.finish("a")
+    story = [entry[:4] for entry in node.state.story("a", "b")]
+    assert story == [
+        ("a", "new", "ready", "compute"),
+        ("a", "ready", "running", "compute"),
+        ("b", "new", "fetching", "compute"),
+        ("b", "fetching", "ready", "fetched"),
+        ("a", "running", "seceded-released", "secede"),
+        ("b", "ready", "running", "secede"),  # in the thread a gave back
+        ("a", "seceded-released", "reacquiring", "rejoin"),
+        ("a", "reacquiring", "granted", "reacquired"),
+        ("b", "running", "done", "free-run"),
+        ("a", "granted", "running", "free-run"),  # once b gave the thread and the GPU back
+        ("a", "running", "done", "free-run"),
+    ]
+    assert all((start, finish) in TRANSITIONS for _, start, finish, _ in story)
+    times = [entry[4] for entry in node.state.story("a", "b")]
+    assert times == sorted(times)
+
+
+def test_the_table_knows_only_the_statuses_a_task_can_have() -> None:
+    statuses = set(get_args(TaskStatus))
+    assert {status for pair in TRANSITIONS for status in pair} == statuses
+    # A run ends only from a thread it holds or left; a task that never ran is dropped.
+    assert {start for start, finish in TRANSITIONS if finish == "done"} == {
+        "running",
+        "seceded",
+        "seceded-released",
+    }
+    assert ("ready", "done") not in TRANSITIONS and ("fetching", "running") not in TRANSITIONS
+
+
+def test_freeing_a_run_twice_is_an_invalid_transition_and_changes_nothing() -> None:
+    node = Node(nthreads=1, resources={"GPU": 1})
+    node.compute("a", resources={"GPU": 1})
+    task = node.running["a"]
+    node.finish("a")
+    with pytest.raises(InvalidTransition) as raised:
+        node.state.free_run(task)
+    assert (raised.value.key, raised.value.start, raised.value.finish) == ("a", "done", "done")
+    assert [entry[2] for entry in raised.value.story] == ["ready", "running", "done"]
+    assert node.state.running == 0 and node.state.ledger.used["GPU"] == 0
+    assert node.state.check_invariants() == []
+
+
+def test_freeing_a_task_that_never_ran_is_an_invalid_transition() -> None:
+    node = Node(nthreads=1)
+    node.compute("running")
+    node.compute("waiting")
+    waiting = node.state.ready[0]
+    with pytest.raises(InvalidTransition, match="from 'ready' to 'done'"):
+        node.state.free_run(waiting)
+
+
+def test_a_cancel_of_a_run_in_its_thread_is_told_in_the_story_without_a_change() -> None:
+    node = Node(nthreads=1)
+    node.compute("a")
+    node.apply(node.state.cancel(_run_id("a")))
+    node.compute("b")
+    node.apply(node.state.cancel(_run_id("b")))
+    assert [entry[1:4] for entry in node.state.story("a")] == [
+        ("new", "ready", "compute"),
+        ("ready", "running", "compute"),
+        ("running", "running", "cancel"),
+    ]
+    assert [entry[1:4] for entry in node.state.story("b")][-1] == ("ready", "dropped", "cancel")
+
+
+def test_the_story_keeps_only_the_latest_changes() -> None:
+    node = Node(nthreads=1, story_length=5)
+    for key in ["a", "b", "c"]:
+        node.compute(key)
+        node.finish(key)
+    assert node.state.story("a") == []
+    assert [entry[2] for entry in node.state.story("b", "c")] == [
+        "running",
+        "done",
+        "ready",
+        "running",
+        "done",
+    ]
 
 
 # ------------------------------------------------------------------ random walk
