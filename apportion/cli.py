@@ -20,7 +20,8 @@ from apportion.errors import ConfigError
 from apportion.process import (
     EXIT_STARTUP_FAILED,
     after_exit,
-    read_announcement,
+    keep_standard_streams_open,
+    read_announcements,
     serve,
     setup_logging,
 )
@@ -69,6 +70,7 @@ def _apply_tls(cert: str | None, key: str | None, ca_file: str | None) -> None:
 @click.version_option(package_name="apportion")
 def main() -> None:
     """Resource-aware distributed task scheduling."""
+    keep_standard_streams_open()
     try:
         config.check()
     except ConfigError as exc:
@@ -237,7 +239,9 @@ def _supervise(nworkers: int, name: str | None) -> None:
     """Run ``nworkers`` copies of this command, one worker each.
 
     A worker that crashes (or is killed) is restarted, with back-off while it keeps
-    crashing; one that stops on purpose is not; one that cannot start (a wrong token, no
+    crashing; one that stops on purpose (it says so on its ready pipe before exiting: a
+    signal, a retirement) is not, and an exit without that notice is a crash whatever its
+    code (a task that called ``os._exit(0)``); one that cannot start (a wrong token, no
     scheduler in time) stops them all, with its reason, since the others would fail alike.
     """
     args = _without_option(sys.argv[1:], "--ready-fd")
@@ -255,8 +259,7 @@ def _supervise(nworkers: int, name: str | None) -> None:
             [*commands[i], "--ready-fd", str(write_end)], pass_fds=(write_end,)
         )
         os.close(write_end)
-        if i < len(children):
-            os.close(announcements[i])
+        if i < len(children):  # the previous child's pipe was read and closed at its exit
             children[i], announcements[i] = child, read_end
         else:
             children.append(child)
@@ -285,14 +288,15 @@ def _supervise(nworkers: int, name: str | None) -> None:
                 continue
             now = time.monotonic()
             if restart_at[i] is None:
-                decision = after_exit(child.returncode)
+                # It exited: its end of the pipe is closed, so this read returns.
+                said = read_announcements(announcements[i])
+                decision = after_exit(child.returncode, any("stopped" in s for s in said))
                 if decision == "done":
                     logger.info("worker %s stopped", names[i])
                     running.discard(i)
                     continue
                 if decision == "stop":
-                    # It exited: its end of the pipe is closed, so this read returns.
-                    reason = read_announcement(announcements[i]).get("error", "see above")
+                    reason = next((s["error"] for s in said if "error" in s), "see above")
                     forward(signal.SIGTERM, None)
                     for other in children:
                         other.wait()
@@ -305,9 +309,10 @@ def _supervise(nworkers: int, name: str | None) -> None:
                 delay = backoffs[i].delay(now)
                 restart_at[i] = now + delay
                 logger.warning(
-                    "worker %s exited with code %s; restarting it in %.1fs",
+                    "worker %s exited with code %s%s; restarting it in %.1fs",
                     names[i],
                     child.returncode,
+                    " without being asked to stop" if child.returncode == 0 else "",
                     delay,
                 )
             if now >= (restart_at[i] or now):

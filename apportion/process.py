@@ -1,9 +1,16 @@
-"""Running a server as a process: logging, signals, readiness, parent watch, exit codes.
+"""Running a server as a process: standard streams, logging, signals, readiness, parent
+watch, exit codes.
 
 Exit codes, for whoever restarts us (``apportion worker --nworkers``, LocalCluster, a
 container runtime): 0 when stopped or finished on purpose, ``EXIT_STARTUP_FAILED`` when
 the server could not start (a port in use, a refused token, no scheduler in time: a
 restart would fail the same way), 1 for anything else (a crash: worth a restart).
+
+A launcher that passes ``--ready-fd`` learns more than the exit code: the pipe carries one
+JSON line when the server is up (or why it could not start) and, on a stop the server
+made itself (a signal, a retirement), a second line ``{"stopped": reason}`` just before it
+exits. An exit without that line was not the server's doing (a task called
+``os._exit(0)``, say), whatever its code.
 """
 
 from __future__ import annotations
@@ -50,31 +57,73 @@ def setup_logging(level: str | None = None) -> None:
     root.setLevel(min(shown, logging.INFO))
 
 
+def keep_standard_streams_open() -> None:
+    """Point any closed standard descriptor (0, 1, 2) at /dev/null, and give Python a
+    stream for it.
+
+    A process started with one of them closed would otherwise hand that number to the
+    next file or socket it opens: a log line would go to a peer's socket, and the event
+    loop (libuv) aborts on a socket numbered 2 or below. Called before anything is opened.
+    """
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:  # the lowest free number: fd itself, unless a lower one is free
+                os.dup2(null, fd)
+                os.close(null)
+        if getattr(sys, name) is None:  # the interpreter started without it
+            setattr(sys, name, open(fd, mode, closefd=False))
+
+
 def announce_ready(ready_fd: int | None, details: dict[str, Any]) -> None:
-    """Tell a launching process we are up (or why not): one JSON line on an inherited pipe."""
+    """Tell a launching process we are up (or why not): one JSON line on an inherited pipe.
+
+    The pipe stays open to carry the stop notice (``announce_stopped``); it is kept from
+    the processes that tasks start, so that a launcher reading it to its end is not held
+    up by them. A standard descriptor (``--ready-fd 1``) is written to only.
+    """
     if ready_fd is None:
         return
     try:
         os.write(ready_fd, (json.dumps(details) + "\n").encode())
-        os.close(ready_fd)
+        if ready_fd > 2:
+            os.set_inheritable(ready_fd, False)
     except OSError:
         pass  # the launcher stopped listening; we run on regardless
 
 
-def read_announcement(fd: int) -> dict[str, Any]:
-    """What a child wrote with announce_ready on the pipe ``fd`` (closed here), read to its
-    end; {} when it wrote nothing (it died first). Blocks until the child closes the pipe."""
+def announce_stopped(ready_fd: int | None, reason: str) -> None:
+    """Tell the launcher, just before exiting, that this stop is the server's own doing.
+    Never on a standard descriptor: that is the user's output."""
+    if ready_fd is None or ready_fd <= 2:
+        return
+    try:
+        os.write(ready_fd, (json.dumps({"stopped": reason}) + "\n").encode())
+    except OSError:
+        pass  # the launcher closed its end after reading the first line
+
+
+def read_announcements(fd: int) -> list[dict[str, Any]]:
+    """Every JSON line a child wrote on the pipe ``fd`` (closed here), read to its end:
+    its readiness first, then its stop notice if it stopped on purpose; [] when it wrote
+    nothing. Blocks until the child closes the pipe (it exits)."""
     chunks = []
     try:
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
     finally:
         os.close(fd)
-    try:
-        details = json.loads(b"".join(chunks) or b"{}")
-    except ValueError:
-        return {}
-    return details if isinstance(details, dict) else {}
+    announcements = []
+    for line in b"".join(chunks).splitlines():
+        try:
+            details = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(details, dict):
+            announcements.append(details)
+    return announcements
 
 
 def startup_failure(exc: BaseException) -> str:
@@ -85,11 +134,16 @@ def startup_failure(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def after_exit(returncode: int) -> str:
+def after_exit(returncode: int, stopped_on_purpose: bool = True) -> str:
     """What a supervisor does when a server process exits: ``"done"`` (it stopped on
     purpose), ``"stop"`` (it cannot start: restarting would fail the same way, so give up
-    and say why) or ``"restart"`` (it crashed or was killed: restart, with back-off)."""
-    if returncode == 0:
+    and say why) or ``"restart"`` (it crashed or was killed: restart, with back-off).
+
+    ``stopped_on_purpose``: whether the server said so before exiting (its stop notice);
+    a supervisor that reads the notice passes it, and then an exit code of 0 without the
+    notice (a task called ``os._exit(0)``) is a crash like any other.
+    """
+    if returncode == 0 and stopped_on_purpose:
         return "done"
     if returncode == EXIT_STARTUP_FAILED:
         return "stop"
@@ -143,6 +197,8 @@ def serve(
         traceback.print_exc()
         code = EXIT_CRASHED
     finally:
+        if code == 0:
+            announce_stopped(ready_fd, "stopped")
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
