@@ -160,8 +160,7 @@ class Comm(asyncio.Protocol):
         transport.set_write_buffer_limits(high=0)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune_tcp(sock)
         if self._on_connected is not None:
             self._on_connected(self)
 
@@ -640,3 +639,37 @@ async def refuse(comm: Comm, reason: str) -> None:
     except CommClosedError:
         pass
     comm.close(reason)
+
+
+# How many heartbeat intervals a peer may stay unreachable before its connection is given
+# up: the failure detector of every connection, whoever holds it.
+UNREACHABLE_AFTER_HEARTBEATS = 3
+
+
+def tune_tcp(sock: socket.socket) -> None:
+    """Small messages go out at once (no Nagle), and a peer that became unreachable (its
+    host vanished, a partition: no RST ever comes) ends the connection within a few
+    heartbeat intervals instead of the kernel's default of minutes.
+
+    Keepalive probes an idle connection; TCP_USER_TIMEOUT ends one whose sent bytes stay
+    unacknowledged that long. A peer that is alive but not reading (stopped, busy) still
+    acknowledges at the kernel level, so it is not cut off by this.
+    """
+    interval = float(config.get("worker.heartbeat-interval"))
+    options = [
+        (socket.IPPROTO_TCP, "TCP_NODELAY", 1),
+        (socket.SOL_SOCKET, "SO_KEEPALIVE", 1),
+        (socket.IPPROTO_TCP, "TCP_KEEPIDLE", max(1, round(interval))),
+        (socket.IPPROTO_TCP, "TCP_KEEPINTVL", max(1, round(interval))),
+        (socket.IPPROTO_TCP, "TCP_KEEPCNT", UNREACHABLE_AFTER_HEARTBEATS),
+        (
+            socket.IPPROTO_TCP,
+            "TCP_USER_TIMEOUT",
+            max(1, round(UNREACHABLE_AFTER_HEARTBEATS * interval * 1000)),
+        ),
+    ]
+    for level, name, value in options:
+        option = getattr(socket, name, None)  # not every platform has every option
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, option, value)
