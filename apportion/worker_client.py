@@ -23,16 +23,12 @@ ancestors kept fails with ``ResourceDeadlockError`` instead of waiting forever.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
-from apportion.worker import context, secession
-
-if TYPE_CHECKING:
-    from apportion.client import Client
+from apportion.client import Client
+from apportion.core import task_host
 
 _clients: dict[str, Client] = {}
 _clients_lock = threading.Lock()
@@ -40,14 +36,12 @@ _clients_lock = threading.Lock()
 
 def get_client() -> Client:
     """The client of the scheduler of the worker running this task (made on first use)."""
-    from apportion.client import Client
-
-    worker, _ = secession.running()
+    address, token = task_host.task_host().scheduler()
     with _clients_lock:
-        client = _clients.get(worker.scheduler_address)
-        if client is None or client._closed or client._lost:
-            client = Client(worker.scheduler_address, token=worker.token)
-            _clients[worker.scheduler_address] = client
+        client = _clients.get(address)
+        if client is None or client.session.closed or client.session.lost:
+            client = Client(address, token=token)
+            _clients[address] = client
         return client
 
 
@@ -61,35 +55,18 @@ def close_clients() -> None:
         client.close()
 
 
+task_host.on_close_clients(close_clients)
+
+
 def secede(release_resources: bool = False) -> None:
     """Give this task's thread back to the worker (another task may start in its place);
     with ``release_resources`` its resources too, until ``rejoin()``."""
-    worker, task = secession.running()
-    with worker._lock:
-        instructions = secession.secede(worker.state, task, release_resources)
-    if not instructions:
-        return  # seceded already
-    if not secession.left_pool():
-        secession.mark_left_pool(True)
-        worker.add_task_thread()
-    worker._loop_call(worker._carry_out, instructions)
+    task_host.task_host().secede(release_resources)
 
 
 def rejoin() -> None:
     """Take a thread again (and released resources), waiting until they are free."""
-    worker, task = secession.running()
-    with worker._lock:
-        waiting, instructions = secession.rejoin(worker.state, task)
-    if waiting is None:
-        return  # not seceded
-    units = task.units
-    worker._loop_call(worker._carry_out, instructions)
-    waiting.event.wait()
-    if task.units != units:  # granted again, maybe other unit indices
-        info = context.get_worker()
-        if info.task is not None:
-            granted = dataclasses.replace(info.task, units=dict(task.units))
-            context.set_current(dataclasses.replace(info, task=granted))
+    task_host.task_host().rejoin()
 
 
 @contextmanager

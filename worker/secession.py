@@ -13,10 +13,14 @@ plus the thread-local record of which task a task thread runs (for ``secede()``)
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from apportion.worker.state import Send, WorkerState, WorkerTask
+
+from apportion.core import context
+from apportion.core.task_host import set_task_host
 
 if TYPE_CHECKING:
     from apportion.worker.server import Worker
@@ -174,3 +178,41 @@ def left_pool() -> bool:
 
 def mark_left_pool(value: bool) -> None:
     _here.left_pool = value
+
+
+class _TaskHost:
+    """The worker side of ``secede()``, ``rejoin()`` and ``get_client()`` for the task
+    threads of this process (see apportion/core/task_host.py)."""
+
+    def scheduler(self) -> tuple[str, str | None]:
+        worker, _ = running()
+        return worker.scheduler_address, worker.token
+
+    def secede(self, release_resources: bool) -> None:
+        worker, task = running()
+        with worker._lock:
+            instructions = secede(worker.state, task, release_resources)
+        if not instructions:
+            return  # seceded already
+        if not left_pool():
+            mark_left_pool(True)
+            worker.add_task_thread()
+        worker._loop_call(worker._carry_out, instructions)
+
+    def rejoin(self) -> None:
+        worker, task = running()
+        with worker._lock:
+            waiting, instructions = rejoin(worker.state, task)
+        if waiting is None:
+            return  # not seceded
+        units = task.units
+        worker._loop_call(worker._carry_out, instructions)
+        waiting.event.wait()
+        if task.units != units:  # granted again, maybe other unit indices
+            info = context.get_worker()
+            if info.task is not None:
+                granted = dataclasses.replace(info.task, units=dict(task.units))
+                context.set_current(dataclasses.replace(info, task=granted))
+
+
+set_task_host(_TaskHost())
