@@ -91,8 +91,8 @@ def latest_client() -> Client | None:
 class _ClientType(type):
     """``Client(..., asynchronous=True)`` constructs an ``AsyncClient`` (Dask's spelling)."""
 
-    def __call__(cls, *args: Any, asynchronous: bool = False, **kwargs: Any) -> Any:
-        if asynchronous and not cls.asynchronous:  # type: ignore[attr-defined]
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("asynchronous") and not cls.asynchronous:  # type: ignore[attr-defined]
             cls = AsyncClient
         return super().__call__(*args, **kwargs)
 
@@ -105,8 +105,15 @@ class Client(metaclass=_ClientType):
     asynchronous = False
 
     def __init__(
-        self, address: Any = None, *, token: str | None = None, timeout: float = 10.0
+        self,
+        address: Any = None,
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        asynchronous: bool = False,
     ) -> None:
+        """``asynchronous=True`` makes the call construct an ``AsyncClient`` (see
+        _ClientType): the class, not this argument, decides how the client waits."""
         if address is None:
             address = os.environ.get("APPORTION_SCHEDULER_ADDRESS")
             if not address:

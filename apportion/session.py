@@ -265,14 +265,14 @@ class Session:
     def release_later(self, key: str) -> None:
         """Queue a release of ``key`` in order with everything else, without waking the
         loop: it leaves with the next message, or within RELEASE_DELAY. Consecutive
-        releases share one message."""
-        with self.lock:
-            outgoing = self._outgoing
-            last = outgoing[-1] if outgoing else None
-            if last is not None and last["op"] == "release":
-                last["keys"].append(key)
-            else:
-                outgoing.append({"op": "release", "keys": [key]})
+        releases share one message. Called with ``lock`` held (by the future table, which
+        drops the key's state under it)."""
+        outgoing = self._outgoing
+        last = outgoing[-1] if outgoing else None
+        if last is not None and last["op"] == "release":
+            last["keys"].append(key)
+        else:
+            outgoing.append({"op": "release", "keys": [key]})
 
     def _send_from_this_thread(self) -> bool:
         """Write what is outgoing from the calling thread when the connection is idle: no
