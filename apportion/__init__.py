@@ -9,8 +9,8 @@
 from apportion import config
 from apportion.annotations import annotate
 from apportion.client import Client, NoWorkerWarning
-from apportion.cluster_ops import TaskStream as get_task_stream
 from apportion.coordination import Event, Lock, Queue, Semaphore, Variable
+from apportion.core.context import TaskInfo, WorkerInfo, get_worker
 from apportion.data import fire_and_forget
 from apportion.errors import (
     CancelledError,
@@ -23,9 +23,9 @@ from apportion.errors import (
 )
 from apportion.futures import FIRST_COMPLETED, Future, as_completed, wait
 from apportion.local import LocalCluster
+from apportion.performance_report import TaskStream as get_task_stream
 from apportion.performance_report import performance_report
 from apportion.progress import progress
-from apportion.worker.context import TaskInfo, WorkerInfo, get_worker
 from apportion.worker_client import get_client, rejoin, secede, worker_client
 
 __version__ = "0.1.0"

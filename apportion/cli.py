@@ -393,7 +393,7 @@ def dashboard(
     name: str, namespace: str, port: int, scheduler_port: int, kubeconfig: str | None
 ) -> None:
     """Port-forward the dashboard (and scheduler) of ResourceCluster NAME to this machine."""
-    from apportion.port_forward import serve_cluster
+    from apportion.kubernetes import serve_cluster
 
     sys.exit(serve_cluster(name, namespace, port, scheduler_port, kubeconfig))
 

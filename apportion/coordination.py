@@ -21,14 +21,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from apportion.client import Client
 from apportion.default_client import default_client
 from apportion.errors import ApportionError
 from apportion.serialize import dumps_value, loads_value
-
-if TYPE_CHECKING:
-    from apportion.client import Client
+from apportion.session import Session
 
 Message = dict[str, Any]
 
@@ -37,35 +36,29 @@ class CoordinationError(ApportionError, ValueError):
     """The scheduler refused a coordination request (the message says why)."""
 
 
-async def _ask(client: Client, message: Message, timeout: float | None) -> Message:
+async def _ask(session: Session, message: Message, timeout: float | None) -> Message:
     """Send one request; after ``timeout`` tell the scheduler to stop waiting, and take its
     answer to the request (a grant made meanwhile still counts)."""
-    loop = asyncio.get_running_loop()
-    request_id = next(client._request_ids)
-    reply: asyncio.Future[Message] = loop.create_future()
-    client._requests[request_id] = reply
-    client._flush()
-    client._comm.send({**message, "op": "coord", "id": request_id})
+    request_id, reply = session.start_request({**message, "op": "coord"})
     try:
         return await asyncio.wait_for(asyncio.shield(reply), timeout)
     except asyncio.TimeoutError:
-        cancel_id = next(client._request_ids)
-        client._requests[cancel_id] = loop.create_future()
-        client._comm.send(
-            {"op": "coord", "action": "cancel", "wait_id": request_id, "id": cancel_id}
-        )
+        session.start_request({"op": "coord", "action": "cancel", "wait_id": request_id})
         return await reply
 
 
-# What each client holds here, for a new scheduler after a restart (restored_messages):
-# leases by name (max_leases, count), and the events it set last. Weak: a client gone
+# What each session holds here, for a new scheduler after a restart (restored_messages):
+# leases by name (max_leases, count), and the events it set last. Weak: a session gone
 # takes its books with it.
-_leases: weakref.WeakKeyDictionary[Client, dict[str, tuple[int, int]]] = weakref.WeakKeyDictionary()
-_events: weakref.WeakKeyDictionary[Client, set[str]] = weakref.WeakKeyDictionary()
+_leases: weakref.WeakKeyDictionary[Session, dict[str, tuple[int, int]]] = (
+    weakref.WeakKeyDictionary()
+)
+_events: weakref.WeakKeyDictionary[Session, set[str]] = weakref.WeakKeyDictionary()
 
 
-def _count_lease(client: Client, name: str, max_leases: int, delta: int) -> None:
-    held = _leases.setdefault(client, {})
+def _count_lease(session: Session, name: str, max_leases: int, delta: int) -> None:
+    _resume_with_books(session)
+    held = _leases.setdefault(session, {})
     count = held.get(name, (max_leases, 0))[1] + delta
     if count > 0:
         held[name] = (max_leases, count)
@@ -73,9 +66,15 @@ def _count_lease(client: Client, name: str, max_leases: int, delta: int) -> None
         held.pop(name, None)
 
 
-def restored_messages(client: Client) -> list[Message]:
-    """The requests that give a new scheduler the leases ``client`` holds and the events it
-    set (sent first when it reconnects; see apportion/reconnect.py)."""
+def _resume_with_books(session: Session) -> None:
+    """Have ``session`` give a new scheduler its leases and events when it reconnects."""
+    if session not in _leases and session not in _events:
+        session.on_resume(lambda: restored_messages(session))
+
+
+def restored_messages(session: Session) -> list[Message]:
+    """The requests that give a new scheduler the leases ``session`` holds and the events
+    it set (sent first when it reconnects)."""
     messages: list[Message] = [
         {
             "op": "coord",
@@ -83,13 +82,13 @@ def restored_messages(client: Client) -> list[Message]:
             "name": name,
             "max_leases": limit,
             "count": count,
-            "id": next(client._request_ids),
+            "id": session.new_request_id(),
         }
-        for name, (limit, count) in _leases.get(client, {}).items()
+        for name, (limit, count) in _leases.get(session, {}).items()
     ]
     messages.extend(
-        {"op": "coord", "action": "event-set", "name": name, "id": next(client._request_ids)}
-        for name in sorted(_events.get(client, ()))
+        {"op": "coord", "action": "event-set", "name": name, "id": session.new_request_id()}
+        for name in sorted(_events.get(session, ()))
     )
     return messages
 
@@ -102,14 +101,15 @@ class _Primitive:
             raise TypeError(f"name must be a non-empty string, got {name!r}")
         self.name = name or f"{self.kind}-{uuid.uuid4().hex}"
         self.client = client if client is not None else default_client()
+        self.session = self.client.session
 
     def _call(self, action: str, timeout: float | None = None, **fields: Any) -> Message:
         if timeout is not None and timeout < 0:
             raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
         message = {"action": action, "name": self.name, **fields}
-        client = self.client
-        client._check_open()
-        reply: Message = client._io.run(_ask(client, message, timeout))
+        session = self.session
+        session.check_open()
+        reply: Message = session.run(_ask(session, message, timeout))
         if "error" in reply:
             raise CoordinationError(reply["error"])
         return reply
@@ -175,7 +175,8 @@ class Event(_Primitive):
 
     def set(self) -> None:
         self._call("event-set")
-        _events.setdefault(self.client, set()).add(self.name)
+        _resume_with_books(self.session)
+        _events.setdefault(self.session, set()).add(self.name)
 
     def clear(self) -> None:
         self._call("event-clear")
@@ -207,13 +208,13 @@ class Semaphore(_Primitive):
         """Take a lease, waiting (up to ``timeout``) while all are taken; False if none."""
         reply = self._call("lease-acquire", timeout, max_leases=self.max_leases, blocking=blocking)
         if reply.get("value", False):
-            _count_lease(self.client, self.name, self.max_leases, +1)
+            _count_lease(self.session, self.name, self.max_leases, +1)
             return True
         return False
 
     def release(self) -> None:
         self._call("lease-release", max_leases=self.max_leases)
-        _count_lease(self.client, self.name, self.max_leases, -1)
+        _count_lease(self.session, self.name, self.max_leases, -1)
 
     def get_value(self) -> int:
         """How many leases are taken now."""

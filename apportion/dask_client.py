@@ -15,20 +15,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dask
 from dask.base import collections_to_expr, is_dask_collection, unpack_collections
 from dask.core import flatten
 
-from apportion import dask_graph, lineage
+from apportion import dask_graph
 from apportion.annotations import current as current_annotations
 from apportion.dask_graph import Key, to_key
-from apportion.futures import Future, FutureState
+from apportion.future_table import FutureTable
+from apportion.futures import Future
 from apportion.serialize import dumps_args
-
-if TYPE_CHECKING:
-    from apportion.client import Client
+from apportion.session import task_bytes_limit
 
 
 class _Ref:
@@ -69,15 +68,15 @@ def run_node(chunk: list[tuple[Any, tuple]], index: int, *values: Any) -> Any:
 
 # -------------------------------------------------------------------- submission
 def submit_graph(
-    client: Client, expr: Any, outputs: list[Key], defaults: dict[str, Any] | None = None
+    table: FutureTable, expr: Any, outputs: list[Key], defaults: dict[str, Any] | None = None
 ) -> dict[Key, Future]:
     """Submit the graph of ``expr`` in one message; futures for ``outputs``."""
     graph, annotations = dask_graph.graph_of(expr, outputs)
-    return submit_tasks(client, graph, annotations, outputs, defaults)
+    return submit_tasks(table, graph, annotations, outputs, defaults)
 
 
 def submit_tasks(
-    client: Client,
+    table: FutureTable,
     graph: dict[Key, Any],
     annotations: dict[Key, Any],
     outputs: list[Key],
@@ -86,17 +85,18 @@ def submit_tasks(
     if defaults is None:
         defaults = call_annotations()
     plan = dask_graph.plan(graph, outputs, annotations, defaults)
-    client._check_open()
-    missing = sorted(k for k in plan.external if k not in client._states)
+    session = table.session
+    session.check_open()
+    missing = sorted(k for k in plan.external if k not in table.states)
     if missing:
         raise KeyError(
             f"the graph uses results {missing[:5]} that this client holds no future for: "
             "keep persisted collections (or their futures) alive while computing from them"
         )
-    run = client._functions.dumps(run_node)
-    load = client._functions.dumps(load_chunk)
-    limit = client._limit()
-    prefix = f"dask-graph-{client._key_prefix}{next(client._key_counter):012x}"
+    run = session.functions.dumps(run_node)
+    load = session.functions.dumps(load_chunk)
+    limit = task_bytes_limit()
+    prefix = f"dask-graph-{table.unique_token()}"
     specs: list[dict[str, Any]] = []
     for start in range(0, len(plan.tasks), CHUNK_TASKS):
         tasks = plan.tasks[start : start + CHUNK_TASKS]
@@ -117,24 +117,14 @@ def submit_tasks(
             refs = [_Ref(key) for key in task.deps.values()]
             args, deps = dumps_args((chunk, index, *refs), {}, _Ref)
             specs.append({"key": task.key, "func": run, "args": args, "deps": deps, **task.options})
-    futures = {key: _future(client, to_key(key)) for key in dict.fromkeys(outputs)}
-    with client._lock:
-        lineage.attach(client._states, specs)  # for a new scheduler after a restart
-        wanted = set(client._refs)
+    futures = {key: table.future(to_key(key)) for key in dict.fromkeys(outputs)}
+    wanted = table.attach_lineage(specs)  # for a new scheduler after a restart
     intermediate = [s["key"] for s in specs if s["key"] not in wanted]
     if specs:
-        client._post({"op": "submit", "tasks": specs})
+        session.post({"op": "submit", "tasks": specs})
     if intermediate:
-        client._post({"op": "release", "keys": intermediate})
+        session.post({"op": "release", "keys": intermediate})
     return futures
-
-
-def _future(client: Client, key: str) -> Future:
-    with client._lock:
-        state = client._states.get(key)
-        if state is None or state.status == "cancelled":
-            state = client._states[key] = FutureState(key)
-        return Future(key, client, state)
 
 
 def call_annotations() -> dict[str, Any]:
@@ -155,12 +145,12 @@ def cluster_settings() -> Any:
 
 
 # -------------------------------------------------------------------- the protocol
-def get(client: Client, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+def get(table: FutureTable, dsk: Any, keys: Any, **kwargs: Any) -> Any:
     """Dask's scheduler function: ``dask.compute(x, scheduler=client.get)``."""
     outputs = list(flatten(keys)) if isinstance(keys, list) else [keys]
     expr = _as_expr(dsk, outputs)
-    futures = submit_graph(client, expr, outputs)
-    values = dict(zip(futures, client.gather(list(futures.values())), strict=True))
+    futures = submit_graph(table, expr, outputs)
+    values = dict(zip(futures, table.gather(list(futures.values())), strict=True))
     return _pack(keys, values)
 
 
@@ -183,7 +173,7 @@ def _as_expr(dsk: Any, outputs: list[Key]) -> Any:
     return HLGExpr(dsk=dsk, output_keys=outputs)
 
 
-def compute(client: Client, collections: Any, optimize_graph: bool = True) -> Any:
+def compute(table: FutureTable, collections: Any, optimize_graph: bool = True) -> Any:
     """Futures of the results: one for a collection, a list for a list."""
     from dask._expr import FinalizeCompute
 
@@ -198,7 +188,7 @@ def compute(client: Client, collections: Any, optimize_graph: bool = True) -> An
             raise RuntimeError(
                 f"expected one result key per collection, got {len(keys)} for {len(found)}"
             )
-        futures = submit_graph(client, expr, keys)
+        futures = submit_graph(table, expr, keys)
         by_collection = {id(c): futures[k] for c, k in zip(found, keys, strict=True)}
     else:
         by_collection = {}
@@ -206,7 +196,7 @@ def compute(client: Client, collections: Any, optimize_graph: bool = True) -> An
     return out[0] if single else out
 
 
-def persist(client: Client, collections: Any, optimize_graph: bool = True, **_: Any) -> Any:
+def persist(table: FutureTable, collections: Any, optimize_graph: bool = True, **_: Any) -> Any:
     """The same collections, their chunks held by futures on the cluster."""
     from dask._expr import CompositeExpr, _ExprSequence
     from dask.base import _rebuild_composite_collection
@@ -237,7 +227,7 @@ def persist(client: Client, collections: Any, optimize_graph: bool = True, **_: 
         else:
             rebuild, state = item.__dask_postpersist__()
             rebuilds.append((rebuild, flat, state))
-    futures = submit_graph(client, expr, keys)
+    futures = submit_graph(table, expr, keys)
     out = []
     for rebuild, item_keys, state in rebuilds:
         if state is None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from apportion.client import Client
+
+class SchedulerClient(Protocol):
+    """What Dask computes on: a client's ``get`` (``Client.get``)."""
+
+    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any: ...
 
 
 _SHUFFLE_KEY = "dataframe.shuffle.method"
@@ -24,11 +27,11 @@ class _ClientGet:
     """``client.get`` for ``dask.config``, holding the client weakly: Dask's global
     configuration is no reason for a client to live on."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: SchedulerClient) -> None:
         self._client = weakref.ref(client)
 
     @property
-    def __self__(self) -> Client:
+    def __self__(self) -> SchedulerClient:
         # Dask asks this for the client (its persist), as of a bound method.
         client = self._client()
         if client is None:
@@ -46,7 +49,7 @@ class DefaultScheduler:
     """Returned by ``client.as_default()``: Dask computes on the client from then on, or
     only inside ``with client.as_default():``, after which the previous default is back."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: SchedulerClient) -> None:
         import dask.config
 
         self._client = client
@@ -63,21 +66,21 @@ class DefaultScheduler:
 
         install()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> SchedulerClient:
         return self._client
 
     def __exit__(self, *exc: object) -> None:
         restore(self._client, self._previous)
 
 
-def on_client_created(client: Client) -> None:
+def on_client_created(client: SchedulerClient) -> None:
     """Dask users expect a new client to be where ``.compute()`` runs: so it is, when Dask
     is imported (``client.as_default()`` makes it so at any time)."""
     if "dask" in sys.modules:
         DefaultScheduler(client)
 
 
-def restore(client: Client, previous: Any = None) -> None:
+def restore(client: object, previous: Any = None) -> None:
     """Stop being Dask's default scheduler, if this client still is."""
     config = sys.modules.get("dask.config")
     if config is None:

@@ -41,10 +41,10 @@ from dask._task_spec import (
 )
 
 from apportion.annotations import KNOWN
+from apportion.dask_annotations import Annotations, merged
 from apportion.resources import validate
 
 Key = Any  # a Dask key: a string, or a tuple such as ("x-1a2b", 3)
-Annotations = Mapping[str, Any]
 
 # What apportion reads from an annotation (as apportion.annotate takes); Dask's others
 # ("workers", "allow_other_workers", ...) name dask.distributed's concepts and are ignored,
@@ -285,24 +285,6 @@ def split_mixed(
     result.update(split)
     _collapse_aliases(result, annotations, set(outputs))
     return result, {k: v for k, v in annotations.items() if v is not None}
-
-
-def merged(all_annotations: Iterable[Annotations | None]) -> Annotations | None:
-    """One task's annotations from its parts': the largest demand of each resource, the
-    most retries, the highest priority."""
-    merged: dict[str, Any] = {}
-    for one in all_annotations:
-        for name, value in (one or {}).items():
-            if name == "resources" and isinstance(value, Mapping):
-                resources = dict(merged.get("resources", {}))
-                for resource, amount in value.items():
-                    resources[resource] = max(resources.get(resource, amount), amount)
-                merged["resources"] = resources
-            elif name in ("retries", "priority") and name in merged:
-                merged[name] = max(merged[name], value)
-            else:
-                merged[name] = value
-    return merged or None
 
 
 def _collapse_aliases(

@@ -35,6 +35,8 @@ from dask._expr import Expr as AnyExpr
 from dask._task_spec import Alias, Task
 from dask.dataframe.dask_expr._expr import Elemwise, Expr, Fused
 
+from apportion.dask_annotations import merged
+
 Side = Literal["enter", "exit"]
 
 
@@ -156,8 +158,6 @@ def annotations_by_name(expr: Any) -> tuple[dict[str, Mapping[str, Any]], set[st
             annotations: Mapping[str, Any] = regions[-1].annotations
             previous = by_name.get(node._name)
             if previous is not None and previous != annotations:
-                from apportion.dask_graph import merged
-
                 annotations = merged([previous, annotations]) or {}
             by_name[node._name] = annotations
         if isinstance(node, Fused):

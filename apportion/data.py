@@ -1,19 +1,19 @@
-"""Data in and out without a task of the user's: ``scatter`` and ``fire_and_forget``."""
+"""Data in and out without a task of the user's: what ``Client.scatter`` is made of, and
+``fire_and_forget``."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from apportion.futures import Future, collect_futures, wait
 from apportion.serialize import dumps_value, tokenize
-
-if TYPE_CHECKING:
-    from apportion.client import Client
-    from apportion.futures import Future
+from apportion.session import Session
 
 
-def _identity(value: Any) -> Any:
+def identity(value: Any) -> Any:
+    """The task of a scattered value: the value travels as its argument."""
     return value
 
 
@@ -21,25 +21,21 @@ def _identity(value: Any) -> Any:
 BROADCAST_TIMEOUT = 60.0
 
 
-def scatter(client: Client, data: Any, broadcast: bool = False) -> Any:
-    """Futures of local data: a list gives a list, a dict a dict (same keys), else one.
-
-    Each value travels with a task through the scheduler to one worker (so it is bound
-    by ``comm.max-frame-bytes``); its key is a hash of the value, so scattering equal data
-    twice gives the same future. Tasks on other workers fetch it from that worker when
-    they need it; with ``broadcast=True`` every worker in service holds a copy before
-    ``scatter`` returns (workers joining later fetch it when they need it).
-    """
+def scatter_keys(data: Any) -> tuple[list[Any], list[str]]:
+    """The values to scatter (a list's or a dict's items, else the one value) and their
+    keys: a hash of each value, so that scattering equal data twice gives the same key."""
     if isinstance(data, dict):
         values = list(data.values())
     elif isinstance(data, (list, tuple)):
         values = list(data)
     else:
         values = [data]
-    keys = [f"{type(v).__name__}-{tokenize(dumps_value(v))}" for v in values]
-    futures = client.map(_identity, values, key=keys)
-    if broadcast:
-        _copy_to_every_worker(client, futures, BROADCAST_TIMEOUT)
+    return values, [f"{type(v).__name__}-{tokenize(dumps_value(v))}" for v in values]
+
+
+def shaped_like(data: Any, futures: list[Future]) -> Any:
+    """The futures of scattered ``data`` in its shape: a list gives a list, a dict a dict
+    (same keys), else one future."""
     if isinstance(data, dict):
         return dict(zip(data, futures, strict=True))
     if isinstance(data, (list, tuple)):
@@ -47,11 +43,9 @@ def scatter(client: Client, data: Any, broadcast: bool = False) -> Any:
     return futures[0]
 
 
-def _copy_to_every_worker(client: Client, futures: list[Future], timeout: float) -> None:
+def copy_to_every_worker(session: Session, futures: list[Future], timeout: float) -> None:
     """Return once every worker in service holds each future's value (the scheduler's
     word: workers report a copy once it is stored)."""
-    from apportion.futures import wait
-
     deadline = time.monotonic() + timeout
     wait(futures, timeout)
     for future in futures:
@@ -60,7 +54,7 @@ def _copy_to_every_worker(client: Client, futures: list[Future], timeout: float)
     while True:
         # A worker may tell this client of a result before the scheduler hears of it
         # (``pending``); copies land a fetch later (``lacking``): ask until none is missing.
-        reply = client._request({"op": "replicate", "keys": keys})
+        reply = session.request({"op": "replicate", "keys": keys})
         if not reply["pending"] and not reply["lacking"]:
             return
         if time.monotonic() > deadline:
@@ -97,7 +91,5 @@ def fire_and_forget(futures: Any) -> None:
     """Let tasks run to completion even when their futures are dropped (a future, or a
     list/dict/nesting of them). The client keeps each until its task is done, then
     releases the result; closing the client still cancels what is left."""
-    from apportion.client import _collect_futures
-
-    for future in _collect_futures(futures):
+    for future in collect_futures(futures):
         _held.add(future)

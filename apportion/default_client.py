@@ -3,29 +3,16 @@ task the worker's (``get_client()``), elsewhere the latest client made in this p
 
 from __future__ import annotations
 
-import weakref
-from typing import TYPE_CHECKING
-
-from apportion.worker.context import current_task_key
-
-if TYPE_CHECKING:
-    from apportion.client import Client
-
-_latest: weakref.ref[Client] | None = None
-
-
-def remember(client: Client) -> None:
-    global _latest
-    _latest = weakref.ref(client)
+from apportion.client import Client, latest_client
+from apportion.core.context import current_task_key
+from apportion.worker_client import get_client
 
 
 def default_client() -> Client:
     if current_task_key() is not None:
-        from apportion.worker_client import get_client
-
         return get_client()
-    client = _latest() if _latest is not None else None
-    if client is None or client._closed:
+    client = latest_client()
+    if client is None or client.session.closed:
         raise ValueError(
             "no client to use: pass client=..., or create a Client first (inside a task the "
             "worker's client is used)"

@@ -8,13 +8,10 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from apportion.errors import CancelledError, TimeoutError
 from apportion.serialize import loads_exception, loads_value
-
-if TYPE_CHECKING:
-    from apportion.client import Client
 
 _MISSING = object()
 # Shared, never changed: what a state holds until it has something of its own. A client
@@ -176,11 +173,12 @@ class Future:
 
     __slots__ = ("__weakref__", "_state", "client", "key")
 
-    def __init__(self, key: str, client: Client, state: FutureState) -> None:
+    def __init__(self, key: str, client: Any, state: FutureState) -> None:
+        """``client``: the Client (or AsyncClient) whose future table holds ``state``."""
         self.key = key
         self.client = client
         self._state = state
-        client._retain(key)
+        client.future_table.retain(key)
 
     @property
     def status(self) -> str:
@@ -193,7 +191,7 @@ class Future:
         deadline = None if timeout is None else time.monotonic() + timeout
         self._wait(timeout)
         if self._state.status == "finished":
-            return self.client._value_of(self, deadline)
+            return self.client.future_table.value_of(self, deadline)
         raise self._exception()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -220,9 +218,7 @@ class Future:
 
     def __await__(self) -> Generator[Any, None, Any]:
         """``await future``: its result, without blocking the running event loop."""
-        from apportion.async_client import result_of
-
-        return result_of(self).__await__()
+        return self.client.future_table.result_async(self).__await__()
 
     def _wait(self, timeout: float | None) -> None:
         if not self._state.wait(timeout):
@@ -233,7 +229,7 @@ class Future:
 
     def __del__(self) -> None:
         try:
-            self.client._release(self.key)
+            self.client.future_table.release(self.key)
         except Exception:
             pass  # interpreter shutting down
 
@@ -252,6 +248,52 @@ class Future:
             "a Future cannot be pickled on its own; pass it directly as a task argument "
             "(in a list, dict or object) and the worker receives its result"
         )
+
+
+async def wait_state(state: FutureState) -> None:
+    """Wait in the running loop until a future's state is done (never blocking it)."""
+    if state.is_done():
+        return
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def from_io_thread() -> None:
+        loop.call_soon_threadsafe(wake)
+
+    state.add_callback(from_io_thread)
+    await done
+
+
+def collect_futures(obj: Any) -> list[Future]:
+    """The futures in ``obj`` (a future, or lists, tuples, sets and dicts of them, nested)."""
+    out: list[Future] = []
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Future):
+            out.append(item)
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return out
+
+
+def rebuild(obj: Any, resolve: Callable[[Future], Any], skipped: object) -> Any:
+    """``obj`` with each future replaced by ``resolve(future)``; ``skipped`` ones left out."""
+    if isinstance(obj, Future):
+        return resolve(obj)
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = [rebuild(item, resolve, skipped) for item in obj]
+        return type(obj)(item for item in items if item is not skipped)
+    if isinstance(obj, dict):
+        pairs = {k: rebuild(v, resolve, skipped) for k, v in obj.items()}
+        return {k: v for k, v in pairs.items() if v is not skipped}
+    return obj
 
 
 class DoneAndNotDone(NamedTuple):

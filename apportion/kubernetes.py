@@ -18,14 +18,16 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
+import threading
 import time
 from base64 import b64decode
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from apportion import config
-from apportion.port_forward import Forwarder, cluster_ports, forward_cluster
+from apportion.port_forward import Forwarder, PortForwardError, cluster_ports, forward_cluster
 from apportion.protocol.comm import parse_address
 from apportion.reprs import dashboard_link
 
@@ -405,3 +407,23 @@ def _can_connect(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def serve_cluster(
+    name: str, namespace: str, port: int, scheduler_port: int, kubeconfig: str | None
+) -> int:
+    """``apportion dashboard NAME``: forward until interrupted; the exit status."""
+    try:
+        cluster = KubeCluster.from_name(name, namespace, kubeconfig=kubeconfig, timeout=60)
+        cluster.forward_ports({"dashboard": port, "scheduler": scheduler_port})
+    except (PortForwardError, ValueError, TimeoutError, RuntimeError) as exc:
+        print(f"apportion dashboard: {exc}", file=sys.stderr)
+        return 1
+    print(f"dashboard: {cluster.dashboard_link}")
+    print(f"scheduler: {cluster.scheduler_address} (Client(..., token=...) from this machine)")
+    print("forwarding through the Kubernetes API; Ctrl-C to stop", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,4 +1,5 @@
-"""``with performance_report("report.html"): ...``: an HTML file of what a block computed.
+"""``with performance_report("report.html"): ...``: an HTML file of what a block computed;
+``with get_task_stream() as ts: ...``: the runs of a block, as data.
 
 The report shows the task stream (each run on its worker's lane, in time, coloured by task
 name), each resource's use over time per worker (sampled from the scheduler while the block
@@ -11,18 +12,34 @@ import html
 import threading
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from apportion.client import Client
 from apportion.cluster_ops import get_task_stream
+from apportion.core.keys import key_prefix  # task names, as the dashboard has them
 from apportion.default_client import default_client
-
-if TYPE_CHECKING:
-    from apportion.client import Client
 
 WIDTH = 1000
 LANE = 18
 MARGIN = 80  # room for the workers' names left of the lanes
 PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2"]
+
+
+class TaskStream:
+    """``with get_task_stream(client) as ts: ...`` then ``ts.data``: the runs of the block."""
+
+    def __init__(self, client: Client | None = None) -> None:
+        self.client = client if client is not None else default_client()
+        self.data: list[dict[str, Any]] = []
+        self.start = 0.0
+
+    def __enter__(self) -> TaskStream:
+        get_task_stream(self.client.session, time.time())  # starts recording, if not yet
+        self.start = time.time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.data = get_task_stream(self.client.session, self.start)
 
 
 class performance_report:
@@ -44,7 +61,7 @@ class performance_report:
         self.start = self.stop = 0.0
 
     def __enter__(self) -> performance_report:
-        get_task_stream(self.client, time.time())  # the scheduler records from now on
+        get_task_stream(self.client.session, time.time())  # the scheduler records from now on
         self.start = time.time()
         self._sample()
         self._sampler = threading.Thread(target=self._sample_until_stopped, daemon=True)
@@ -57,7 +74,7 @@ class performance_report:
             self._sampler.join()
         self._sample()
         self.stop = time.time()
-        runs = get_task_stream(self.client, self.start)
+        runs = get_task_stream(self.client.session, self.start)
         with open(self.filename, "w", encoding="utf-8") as f:
             f.write(render(runs, self.samples, self.start, self.stop))
 
@@ -88,8 +105,6 @@ def render(
     stop: float,
 ) -> str:
     """The report's HTML (pure: tested without a cluster)."""
-    from apportion.scheduler.events import key_prefix  # task names, as the dashboard has them
-
     span = max(stop - start, 1e-6)
 
     def x(t: float) -> float:
@@ -201,8 +216,6 @@ def _usage(
 def _summary(
     runs: list[dict[str, Any]], samples: list[tuple[float, dict[str, dict[str, Any]]]]
 ) -> str:
-    from apportion.scheduler.events import key_prefix
-
     by_prefix: dict[str, list[float]] = defaultdict(list)
     for r in runs:
         by_prefix[key_prefix(r["key"])].append(r["stop"] - r["start"])

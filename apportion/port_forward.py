@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -180,25 +179,3 @@ def forward_cluster(
             forward.close()
         raise
     return forwards
-
-
-def serve_cluster(
-    name: str, namespace: str, port: int, scheduler_port: int, kubeconfig: str | None
-) -> int:
-    """``apportion dashboard NAME``: forward until interrupted; the exit status."""
-    from apportion.kubernetes import KubeCluster
-
-    try:
-        cluster = KubeCluster.from_name(name, namespace, kubeconfig=kubeconfig, timeout=60)
-        cluster.forward_ports({"dashboard": port, "scheduler": scheduler_port})
-    except (PortForwardError, ValueError, TimeoutError, RuntimeError) as exc:
-        print(f"apportion dashboard: {exc}", file=sys.stderr)
-        return 1
-    print(f"dashboard: {cluster.dashboard_link}")
-    print(f"scheduler: {cluster.scheduler_address} (Client(..., token=...) from this machine)")
-    print("forwarding through the Kubernetes API; Ctrl-C to stop", flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
-    return 0

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from apportion.scheduler.events import key_prefix
+from apportion.core.keys import key_prefix
 
 # Seconds between redraws.
 REFRESH = 0.2

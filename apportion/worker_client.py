@@ -26,12 +26,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
-from apportion.worker import secession
-
-if TYPE_CHECKING:
-    from apportion.client import Client
+from apportion.client import Client
+from apportion.core import task_host
 
 _clients: dict[str, Client] = {}
 _clients_lock = threading.Lock()
@@ -39,14 +36,12 @@ _clients_lock = threading.Lock()
 
 def get_client() -> Client:
     """The client of the scheduler of the worker running this task (made on first use)."""
-    from apportion.client import Client
-
-    worker, _ = secession.running()
+    address, token = task_host.task_host().scheduler()
     with _clients_lock:
-        client = _clients.get(worker.scheduler_address)
-        if client is None or client._closed or client._lost:
-            client = Client(worker.scheduler_address, token=worker.token)
-            _clients[worker.scheduler_address] = client
+        client = _clients.get(address)
+        if client is None or client.session.closed or client.session.lost:
+            client = Client(address, token=token)
+            _clients[address] = client
         return client
 
 
@@ -60,15 +55,18 @@ def close_clients() -> None:
         client.close()
 
 
+task_host.on_close_clients(close_clients)
+
+
 def secede(release_resources: bool = False) -> None:
     """Give this task's thread back to the worker (another task may start in its place);
     with ``release_resources`` its resources too, until ``rejoin()``."""
-    secession.secede(release_resources)
+    task_host.task_host().secede(release_resources)
 
 
 def rejoin() -> None:
     """Take a thread again (and released resources), waiting until they are free."""
-    secession.rejoin()
+    task_host.task_host().rejoin()
 
 
 @contextmanager

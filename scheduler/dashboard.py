@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tornado.template
-from apportion.scheduler.events import EventLog, TaskRun, key_prefix
+from apportion.scheduler.events import EventLog
 from apportion.scheduler.placement import explain_no_worker
 
+from apportion.core.events import TaskRun
+from apportion.core.keys import key_prefix
 from apportion.resources import format_resources
 
 if TYPE_CHECKING:

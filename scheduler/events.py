@@ -14,7 +14,9 @@ import collections
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
+
+from apportion.core.events import TaskRun
 
 # Upper bounds (seconds) of the task-duration histogram buckets; the last is +Inf.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 3600.0)
@@ -24,28 +26,6 @@ WORKER_EVENTS = 500
 # Ended runs folded into the histograms at the latest after this many (bounds memory
 # when nobody reads them).
 FOLD_EVERY = 50_000
-
-
-def key_prefix(key: str) -> str:
-    """The task name a key starts with: ``inc`` for ``inc-5f3a...`` (keys are
-    ``name-token``); the whole key when it has no ``-``."""
-    return key.rpartition("-")[0] or key
-
-
-class TaskRun(NamedTuple):
-    """One run that ended: ``state`` is ``memory`` (finished) or ``erred``; times are
-    the worker's wall clock (seconds since the epoch)."""
-
-    key: str
-    worker: str
-    state: str
-    start: float
-    stop: float
-    units: dict[str, list[int]]
-
-    @property
-    def prefix(self) -> str:
-        return key_prefix(self.key)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from apportion.core.task_host import set_task_host
+
 if TYPE_CHECKING:
     from apportion.worker.server import Worker
     from apportion.worker.state import WorkerTask
@@ -64,3 +66,21 @@ def left_pool() -> bool:
 
 def mark_left_pool(value: bool) -> None:
     _here.left_pool = value
+
+
+class _TaskHost:
+    """The worker side of ``secede()``, ``rejoin()`` and ``get_client()`` for the task
+    threads of this process (see apportion/core/task_host.py)."""
+
+    def scheduler(self) -> tuple[str, str | None]:
+        worker, _ = running()
+        return worker.scheduler_address, worker.token
+
+    def secede(self, release_resources: bool) -> None:
+        secede(release_resources)
+
+    def rejoin(self) -> None:
+        rejoin()
+
+
+set_task_host(_TaskHost())

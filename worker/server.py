@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 from apportion.worker import output, readiness, secession, stored, uploads
-from apportion.worker.context import TaskInfo, WorkerInfo, set_current
 from apportion.worker.state import (
     Execute,
     Fetch,
@@ -34,6 +33,8 @@ from tornado.ioloop import PeriodicCallback
 
 from apportion import config, shared_memory
 from apportion.aio import background
+from apportion.core.context import TaskInfo, WorkerInfo, set_current
+from apportion.core.task_host import close_clients
 from apportion.errors import InputLoadError, Reschedule
 from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
@@ -50,7 +51,6 @@ from apportion.serialize import (
     loads_args,
     loads_value,
 )
-from apportion.worker_client import close_clients
 
 logger = logging.getLogger("apportion.worker")
 

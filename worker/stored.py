@@ -15,7 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from apportion.worker.context import get_worker
+from apportion.core.stored import stored_argument as stored_argument
+from apportion.core.stored import stores
 
 
 class StoredArguments:
@@ -63,18 +64,6 @@ class StoredArguments:
     def keys(self) -> list[str]:
         with self._lock:
             return list(self._values)
-
-
-# Each worker's store, by address: the task function finds its worker's store here.
-stores: dict[str, StoredArguments] = {}
-
-
-def stored_argument(key: str) -> Any:
-    """The task that turns a stored argument into a result held by this worker."""
-    store = stores.get(get_worker().address)
-    if store is None:
-        raise LookupError(f"no argument is stored on this worker for {key!r}")
-    return store.take(key)
 
 
 def waiting_keys() -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 
 from apportion import Client, LocalCluster, as_completed
 from apportion.aio import run
-from apportion.async_client import AsyncClient
+from apportion.client import AsyncClient
 from tests.integration.tasks import inc, wait_for_file
 
 

@@ -18,7 +18,7 @@ def test_a_refused_client_fails_its_futures_with_the_reason_and_does_not_reconne
             # Whether the no-worker warning comes before the refusal depends on timing.
             warnings.simplefilter("ignore", NoWorkerWarning)
             pending = client.submit(inc, 1, resources={"GPU": 2})  # no worker has 2: waits
-            client._post({"op": "submit", "tasks": [{"key": "malformed"}]})
+            client.session.post({"op": "submit", "tasks": [{"key": "malformed"}]})
             error = pending.exception(timeout=60)
             assert isinstance(error, SchedulerConnectionError)
             assert "refused this client's messages" in str(error)

@@ -18,13 +18,12 @@ def _count_results(client: Client) -> dict[str, int]:
     """Count task-finished messages by path: from the scheduler, and pushed by workers."""
     counts = {"scheduler": 0, "direct": 0}
     lock = threading.Lock()
-    on_message, on_push = client._on_message, client._pool.on_push
-    assert on_push is not None
+    on_message, on_push = client.session.handler("task-finished"), client.session.workers.on_push
+    assert on_message is not None and on_push is not None
 
     def from_scheduler(message: Message) -> None:
-        if message["op"] == "task-finished":
-            with lock:
-                counts["scheduler"] += 1
+        with lock:
+            counts["scheduler"] += 1
         on_message(message)
 
     def from_worker(message: Message) -> None:
@@ -32,8 +31,8 @@ def _count_results(client: Client) -> dict[str, int]:
             counts["direct"] += 1
         on_push(message)
 
-    client._on_message = from_scheduler  # type: ignore[method-assign]
-    client._pool.on_push = from_worker
+    client.session.on("task-finished", from_scheduler)
+    client.session.workers.on_push = from_worker
     return counts
 
 
@@ -50,7 +49,9 @@ def test_once_connected_a_worker_tells_the_client_and_the_scheduler_does_not(
         assert client.submit(inc, 0, pure=False).result(timeout=30) == 1
         worker = next(iter(client.scheduler_info()["workers"]))
         # The first result came through the scheduler; the client connects to its holder.
-        wait_until(lambda: worker in client._pool._comms, timeout=30, what="worker connection")
+        wait_until(
+            lambda: worker in client.session.workers._comms, timeout=30, what="worker connection"
+        )
         counts = _count_results(client)
         results = [client.submit(inc, i, pure=False).result(timeout=30) for i in range(20)]
         assert results == [i + 1 for i in range(20)]
@@ -66,7 +67,7 @@ def test_without_direct_results_the_client_never_connects_to_workers(
         futures = [client.submit(inc, i, pure=False) for i in range(20)]
         assert client.gather(futures) == [i + 1 for i in range(20)]
         assert counts == {"scheduler": 20, "direct": 0}
-        assert client._pool._comms == {}
+        assert client.session.workers._comms == {}
 
 
 def test_a_late_direct_result_does_not_override_what_the_scheduler_said(
@@ -77,7 +78,7 @@ def test_a_late_direct_result_does_not_override_what_the_scheduler_said(
         with pytest.raises(ValueError):
             future.result(timeout=30)
         worker = next(iter(client.scheduler_info()["workers"]))
-        client._on_direct(
+        client.session.workers.on_push(
             {
                 "op": "task-finished",
                 "key": future.key,
@@ -99,10 +100,12 @@ def test_after_its_worker_restarts_the_client_connects_again_and_is_told_directl
     with LocalCluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as client:
         assert client.submit(inc, 0, pure=False).result(timeout=30) == 1
         (old,) = client.scheduler_info()["workers"]
-        wait_until(lambda: old in client._pool._comms, timeout=30, what="worker connection")
+        wait_until(
+            lambda: old in client.session.workers._comms, timeout=30, what="worker connection"
+        )
         cluster.kill_worker(next(iter(cluster.workers)), restart=True)
         wait_until(
-            lambda: old not in client._direct_workers, timeout=30, what="the connection loss"
+            lambda: old not in client.session.direct_workers, timeout=30, what="the connection loss"
         )
         wait_until(
             lambda: list(client.scheduler_info()["workers"]) not in ([], [old]),
@@ -111,7 +114,9 @@ def test_after_its_worker_restarts_the_client_connects_again_and_is_told_directl
         )
         (new,) = client.scheduler_info()["workers"]
         assert client.submit(inc, 1, pure=False).result(timeout=30) == 2
-        wait_until(lambda: new in client._pool._comms, timeout=30, what="the new connection")
+        wait_until(
+            lambda: new in client.session.workers._comms, timeout=30, what="the new connection"
+        )
         counts = _count_results(client)
         assert client.submit(inc, 2, pure=False).result(timeout=30) == 3
         assert counts == {"scheduler": 0, "direct": 1}

@@ -100,6 +100,6 @@ def test_a_refused_client_is_closed_so_its_finalizer_has_nothing_to_wait_for(see
     refused = Client.__new__(Client)
     with pytest.raises(ConnectionRefusedError):
         refused.__init__(seed_cluster.scheduler_address, token="not-the-token")
-    assert refused._closed
-    assert not refused._io.thread.is_alive()
+    assert refused.session.closed
+    assert not refused.session.thread.is_alive()
     refused.__del__()  # returns at once: nothing to shut down

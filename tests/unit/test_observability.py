@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 from apportion.scheduler import dashboard
-from apportion.scheduler.events import DURATION_BUCKETS, EventLog, key_prefix
+from apportion.scheduler.events import DURATION_BUCKETS, EventLog
 from apportion.scheduler.metrics import exposition, scheduler_registry
 from apportion.worker import output
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from apportion import config
+from apportion.core.keys import key_prefix
 from apportion.logs import RecentLines, show_task_output
 from apportion.progress import Progress, render_html, render_text, tally
 from apportion.reprs import dashboard_link
