@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable
 from time import time as wall_clock
-from typing import Any
+from typing import Any, Final
 
 from apportion.scheduler.adjustments import Adjustments
 from apportion.scheduler.adoption import AdoptionMixin
@@ -69,6 +69,9 @@ Message = dict[str, Any]
 # twice as many: the oldest are dropped in bulk): bounded whatever the number of tasks,
 # at 16 bytes per change.
 STORY_LENGTH = 100_000
+# Held here: the compiled build reads its own module's finals natively, another module's
+# through a module attribute lookup.
+_STEPS: Final = STEPS
 
 
 class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
@@ -978,7 +981,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         caller: the queue, the run.)"""
         old = ts.state
         try:
-            step = STEPS[old][new][reason]
+            step = _STEPS[old][new][reason]
         except KeyError:
             step = _new_step(ts, old, new, reason)
         story_log = self.story_log
