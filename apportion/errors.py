@@ -14,6 +14,7 @@ __all__ = [
     "ApportionError",
     "CancelledError",
     "ConfigError",
+    "InvalidTransitionError",
     "KilledWorkerError",
     "NoValidWorkerError",
     "RemoteTraceback",
@@ -38,6 +39,20 @@ class RemoteTraceback(ApportionError):
 
     def __str__(self) -> str:
         return f"\n\nTraceback on the worker:\n{self.text}"
+
+
+class InvalidTransitionError(ApportionError, RuntimeError):
+    """A task was to change state along an edge the scheduler's table of transitions does
+    not have: a bug in the scheduler, stopped before it corrupts the task's accounting.
+    ``key`` is the task, ``start`` and ``finish`` the states of the refused change."""
+
+    def __init__(self, key: str, start: str, finish: str) -> None:
+        super().__init__(
+            f"task {key!r} cannot go from {start!r} to {finish!r}: not a legal transition"
+        )
+        self.key = key
+        self.start = start
+        self.finish = finish
 
 
 class NoValidWorkerError(ApportionError, RuntimeError):

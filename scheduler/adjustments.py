@@ -1,18 +1,15 @@
 """What the scheduler's hot path must know of seceded runs and of resources changed at
 runtime (scheduler/secession.py, scheduler/worker_resources.py), kept in one object that
-``SchedulerState.adjusted`` holds only once either happens: until then the class default
-``None`` costs the hot path a single check and the instance no attribute (it has 29; at
-30 CPython's fast instance-attribute access stops: ~6% more instructions per placement)."""
+``SchedulerState.adjusted`` holds only once either happens: until then the hot path pays
+a single ``is None`` check for all of it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from apportion.scheduler.adoption import AdoptionMixin
     from apportion.scheduler.model import WorkerState
-    from apportion.scheduler.state import SchedulerState
 
 
 class Adjustments:
@@ -27,7 +24,12 @@ class Adjustments:
         self.shrunk: set[WorkerState] = set()
 
 
-def adjustments(state: SchedulerState | AdoptionMixin) -> Adjustments:
+class Adjustable(Protocol):
+    adjusted: Adjustments | None
+
+
+def adjustments(state: Adjustable) -> Adjustments:
+    """The state's adjustments, made on first use."""
     if state.adjusted is None:
         state.adjusted = Adjustments()
     return state.adjusted

@@ -58,7 +58,7 @@ class AdoptionMixin(RetirementMixin):
     def _fail(self, ts: TaskState, exc: BaseException) -> None:
         raise NotImplementedError
 
-    def _set_state(self, ts: TaskState, new: TaskStateName) -> None:
+    def _set_state(self, ts: TaskState, new: TaskStateName, reason: str) -> None:
         raise NotImplementedError
 
     def _make_ready(self, ts: TaskState) -> None:
@@ -67,7 +67,7 @@ class AdoptionMixin(RetirementMixin):
     def _ensure_computed(self, root: TaskState) -> None:
         raise NotImplementedError
 
-    def _fail_with(self, root: TaskState, exception: bytes, traceback: str) -> None:
+    def _fail_with(self, root: TaskState, exception: bytes, traceback: str, reason: str) -> None:
         raise NotImplementedError
 
     def _release_if_unneeded(self, ts: TaskState) -> None:
@@ -136,13 +136,13 @@ class AdoptionMixin(RetirementMixin):
         if ts is None:  # adopt-unclaimed
             ts = self._placeholder(run.key, run.shape)
         elif ts.state != "released":
-            self._set_state(ts, "released")  # out of its queue or wait
+            self._set_state(ts, "released", "a worker runs it since before a restart")
         if tuple(ts.shape) != tuple(run.shape):  # kept when only a restriction differs
             ts.shape = run.shape
         self._book(ws, run.run_id, ts)
         ts.processing_on = ws
         ts.run_id = run.run_id
-        self._set_state(ts, "processing")
+        self._set_state(ts, "processing", "running since before a restart")
 
     def _adopt_held(self, ws: WorkerState, key: str, nbytes: int, recovering: bool) -> None:
         ts = self.tasks.get(key)
@@ -158,7 +158,8 @@ class AdoptionMixin(RetirementMixin):
             ts.who_has = self._with(ts.who_has, ws)
             ws.has_what.add(ts)
             return
-        self._set_state(ts, "memory")  # a run elsewhere is cancelled on the way
+        # A run elsewhere is cancelled on the way.
+        self._set_state(ts, "memory", "held by a worker since before a restart")
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
         finished = self._finished_message(ts, None)
@@ -182,17 +183,17 @@ class AdoptionMixin(RetirementMixin):
             return
         if ts is None:  # keep-unclaimed: failed when its lineage comes (see _claim)
             ts = self._placeholder(error.key, ())
-            self._set_state(ts, "erred")
+            self._set_state(ts, "erred", "failed on a worker before a restart")
             ts.exception, ts.traceback = error.exception, error.traceback
             return
         if ts.retries > 0:
             ts.retries -= 1
             if ts.state != "released":
-                self._set_state(ts, "released")
+                self._set_state(ts, "released", "failed before a restart, to be retried")
             if ts not in self.recovery.deferred:
                 self._ensure_computed(ts)
             return
-        self._fail_with(ts, error.exception, error.traceback)
+        self._fail_with(ts, error.exception, error.traceback, "failed on a worker before a restart")
 
     def _placeholder(self, key: str, shape: Shape) -> TaskState:
         """A key a worker reported before any client re-registered it: no lineage yet."""
@@ -232,7 +233,7 @@ class AdoptionMixin(RetirementMixin):
             ts.retries = int(spec.get("retries") or 0)
             if ts.state == "erred" and ts.retries > 0:  # its failure during the outage
                 ts.retries -= 1
-                self._set_state(ts, "released")
+                self._set_state(ts, "released", "failed before a restart, to be retried")
             deps = [self.tasks[d] for d in spec.get("deps") or () if d in self.tasks]
             ts.dependencies = deps
             for dep in deps:

@@ -24,7 +24,7 @@ from tornado.iostream import StreamClosedError
 from apportion.auth import tokens_match
 
 if TYPE_CHECKING:
-    from apportion.scheduler.server import Scheduler
+    from apportion.scheduler.shell import SchedulerShell
 
 COOKIE = "apportion-token"
 access = logging.getLogger("tornado.access")
@@ -55,7 +55,7 @@ def authorized(handler: tornado.web.RequestHandler, token: str | None) -> bool:
     return token_matches(handler.get_cookie(COOKIE), token)
 
 
-def observability_routes(scheduler: Scheduler) -> list[tuple[str, Any]]:
+def observability_routes(scheduler: SchedulerShell) -> list[tuple[str, Any]]:
     registry = scheduler_registry(scheduler)
     shared = dashboard.SharedRendering(
         lambda: dashboard.view(scheduler.state, scheduler.state.events, scheduler.address)

@@ -17,12 +17,12 @@ from apportion.scheduler.validation import check_retire
 from apportion.protocol import Message, ProtocolError
 
 if TYPE_CHECKING:
-    from apportion.scheduler.server import Scheduler
+    from apportion.scheduler.shell import SchedulerShell
 
 
-def status_app(scheduler: Scheduler) -> tornado.web.Application:
-    """``GET /health`` (open), ``GET /api/v1/info`` and ``POST /api/v1/retire`` (both need
-    ``Authorization: Bearer <token>``)."""
+def status_app(scheduler: SchedulerShell) -> tornado.web.Application:
+    """``GET /health`` (open); ``GET /api/v1/info``, ``GET /api/v1/story/<key>`` and
+    ``POST /api/v1/retire`` (they need ``Authorization: Bearer <token>``)."""
 
     class Health(tornado.web.RequestHandler):
         def get(self) -> None:
@@ -34,6 +34,14 @@ def status_app(scheduler: Scheduler) -> tornado.web.Application:
             info["address"] = scheduler.address
             self.set_header("Content-Type", "application/json")
             self.write(json.dumps(info))
+
+    class Story(AuthenticatedHandler):
+        """A task's changes of state still kept, oldest first: ``{"key": ..., "story":
+        [{"time", "from", "to", "reason"}, ...]}`` (an empty story for a key unknown)."""
+
+        def get(self, key: str) -> None:
+            self.set_header("Content-Type", "application/json")
+            self.write(json.dumps({"key": key, "story": scheduler.state.story(key)}))
 
     class Retire(AuthenticatedHandler):
         """Body ``{"names": [worker names], "count": n}`` (``count`` optional: all named;
@@ -58,6 +66,7 @@ def status_app(scheduler: Scheduler) -> tornado.web.Application:
         [
             (r"/health", Health),
             (r"/api/v1/info", Info),
+            (r"/api/v1/story/(.+)", Story),
             (r"/api/v1/retire", Retire),
             *observability_routes(scheduler),
         ],

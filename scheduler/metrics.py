@@ -22,13 +22,13 @@ from prometheus_client.registry import Collector
 from apportion.resources import format_resources
 
 if TYPE_CHECKING:
-    from apportion.scheduler.server import Scheduler
+    from apportion.scheduler.shell import SchedulerShell
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class SchedulerCollector(Collector):
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: SchedulerShell) -> None:
         self.scheduler = scheduler
 
     def collect(self) -> Iterator[Metric]:
@@ -118,7 +118,7 @@ class SchedulerCollector(Collector):
         )
 
 
-def scheduler_registry(scheduler: Scheduler) -> CollectorRegistry:
+def scheduler_registry(scheduler: SchedulerShell) -> CollectorRegistry:
     """The registry ``/metrics`` serves: the scheduler's state and this process's CPU and
     memory."""
     registry = CollectorRegistry(auto_describe=False)

@@ -16,6 +16,30 @@ TaskStateName = Literal[
     "released", "waiting", "queued", "no-worker", "processing", "memory", "erred", "forgotten"
 ]
 
+# The legal changes of state: SchedulerState._set_state refuses any other (a bug, never a
+# user's mistake). Leaving a state is handled once, in _set_state; the reasons for each
+# change are in the task's story (SchedulerState.story).
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "released": frozenset(
+        {"waiting", "queued", "no-worker", "processing", "memory", "erred", "forgotten"}
+    ),
+    "waiting": frozenset({"released", "queued", "no-worker", "processing", "memory", "erred"}),
+    "queued": frozenset({"released", "waiting", "processing", "memory", "erred"}),
+    "no-worker": frozenset({"released", "waiting", "memory", "erred"}),
+    "processing": frozenset({"released", "memory", "erred"}),
+    "memory": frozenset({"released"}),
+    "erred": frozenset({"released"}),
+    "forgotten": frozenset(),
+}
+
+# Each legal change as a task's story records it: STEPS[from][to][reason] is the tuple
+# (from, to, reason), made once per distinct reason, so that recording a change
+# allocates nothing (see SchedulerState.story).
+Step = tuple[str, str, str]
+STEPS: dict[str, dict[str, dict[str, Step]]] = {
+    old: {new: {} for new in news} for old, news in TRANSITIONS.items()
+}
+
 # States in which a task still has to run (so it needs its dependencies).
 ACTIVE = frozenset({"waiting", "queued", "no-worker", "processing"})
 # Those of them not yet sent to a worker.

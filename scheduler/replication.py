@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
+    from apportion.scheduler.state_view import StateView
 
 
-def replicate(state: SchedulerState, keys: list[str]) -> dict[str, Any]:
+def replicate(state: StateView, keys: list[str]) -> dict[str, Any]:
     """Ask for a copy of each result in ``keys`` on every worker in service without one.
 
     Returns the reply: ``pending``, the keys that are no result yet (unknown, or not

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 from apportion.scheduler.model import NOTHING
 
 if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
+    from apportion.scheduler.state_view import StateView
 
 
-def forget_all_tasks(state: SchedulerState, reason: str) -> int:
+def forget_all_tasks(state: StateView, reason: str) -> int:
     """Cancel every task for every client (each told ``reason``); returns how many."""
     tasks = list(state.tasks.values())
     for ts in tasks:
@@ -20,5 +20,5 @@ def forget_all_tasks(state: SchedulerState, reason: str) -> int:
             state.send(wanter, {"op": "task-cancelled", "key": ts.key, "reason": reason})
         ts.who_wants = NOTHING
     for ts in tasks:
-        state._release_if_unneeded(ts)
+        state.release_if_unneeded(ts)
     return len(tasks)

@@ -29,7 +29,7 @@ from apportion.resources import Shape, fits, format_resources
 if TYPE_CHECKING:
     from apportion.scheduler.model import TaskState, WorkerState
     from apportion.scheduler.recovery import WorkerReport
-    from apportion.scheduler.state import SchedulerState
+    from apportion.scheduler.state_view import StateView
 
 logger = logging.getLogger("apportion.scheduler")
 
@@ -54,7 +54,7 @@ class SecededRun:
 class Secession:
     """The scheduler's books on seceded runs and on which task submitted which."""
 
-    def __init__(self, state: SchedulerState) -> None:
+    def __init__(self, state: StateView) -> None:
         self.state = state
         self.runs: dict[int, SecededRun] = {}
         # Subtask key -> the key of the task that submitted it, and the reverse.
@@ -89,9 +89,7 @@ class Secession:
             ws.name,
             "resources released" if release and ts.shape else "resources kept",
         )
-        if ws.reserved_for is not None:
-            state._serve(ws)
-        state._fill(ws)
+        state.offer_slots(ws)
         if not run.released:
             self.check(self.children.get(ts.key, ()))
 
@@ -222,7 +220,7 @@ class Secession:
                 continue
             if any(_could_run(ts.shape, ws, blockers) for ws in state.fitting.get(ts.shape, ())):
                 continue
-            state._fail(ts, deadlock_error(ts, blockers, state.fitting.get(ts.shape, ())))
+            state.fail(ts, deadlock_error(ts, blockers, state.fitting.get(ts.shape, ())))
 
     def _held_by_ancestors(self, key: str) -> dict[str, list[SecededRun]]:
         """Seceded runs of ``key``'s ancestors that kept their resources, per worker."""

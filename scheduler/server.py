@@ -13,26 +13,17 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from apportion.scheduler.client_ops import client_ops
+from apportion.scheduler.client_ops import CLIENT_OPS
 from apportion.scheduler.coordination import Coordination
 from apportion.scheduler.recovery import parse_report
-from apportion.scheduler.replication import replicate
 from apportion.scheduler.secession import RUN_ENDS, Secession, secession_handlers
 from apportion.scheduler.state import SchedulerState
-from apportion.scheduler.validation import (
-    check_key,
-    check_keys,
-    check_lines,
-    check_parent,
-    check_retire,
-    check_run_id,
-    check_submit,
-)
+from apportion.scheduler.validation import check_key, check_run_id
 from tornado.ioloop import PeriodicCallback
 from tornado.netutil import bind_sockets
 
 from apportion import config
-from apportion.logs import keep_recent_lines, recent_lines
+from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError
 from apportion.protocol.comm import format_address, refuse
 from apportion.resources import validate
@@ -64,7 +55,6 @@ class Scheduler:
         self.state = SchedulerState()
         self.secession = Secession(self.state)
         self.coordination = Coordination(self.state.send)
-        self.client_ops = client_ops(self)
         # client.upload_file: a run message per file, for workers that join later.
         self.uploads: dict[str, Message] = {}
         self.listener = Listener(self._serve, token, roles=("client", "worker"))
@@ -80,10 +70,10 @@ class Scheduler:
         self._retire_replies: dict[str, asyncio.Future[Message]] = {}
         self._retire_ids = itertools.count(1)
         # Client retire requests (client, id) whose retired workers are then told to close.
-        self._close_when_retired: set[tuple[str, Any]] = set()
+        self.close_when_retired: set[tuple[str, Any]] = set()
         # Names of workers about to be stopped on purpose (LocalCluster.kill_worker): their
         # end is logged as planned, not as a crash.
-        self._planned_leaves: set[str] = set()
+        self.planned_leaves: set[str] = set()
         self._periodic: list[PeriodicCallback] = []
         self._http: HTTPServer | None = None
         self.stopped = asyncio.Event()
@@ -191,7 +181,7 @@ class Scheduler:
         )
         if report is not None:
             self.secession.recovered()  # its seceded runs' subtasks may be queued now
-        self._flush()
+        self.flush()
         handlers: dict[str, Callable[[str, Message], None]] = {
             "task-finished": self.state.handle_task_finished,
             "task-erred": self.state.handle_task_erred,
@@ -229,7 +219,7 @@ class Scheduler:
                     if op in RUN_ENDS and (self.secession.runs or self.secession.rejoined):
                         self.secession.run_ended(address, message["run_id"])
                 handler(address, message)
-            self._flush()
+            self.flush()
 
         try:
             if early:
@@ -241,8 +231,8 @@ class Scheduler:
             reason = f"protocol error: {exc!r}"
             logger.warning("closing worker %s (%s): %s", name, address, reason)
         finally:
-            if name in self._planned_leaves:
-                self._planned_leaves.discard(name)
+            if name in self.planned_leaves:
+                self.planned_leaves.discard(name)
                 reason, expected = f"stopped on purpose ({reason})", True
             self.comms.pop(address, None)
             comm.close(reason)
@@ -250,7 +240,7 @@ class Scheduler:
             self.state.remove_worker(address, reason, expected)
             for run in list(self._runs.values()):
                 self._on_run_result(address, {"id": run.run_id, "lost": True}, run)
-            self._flush()
+            self.flush()
 
     async def _serve_client(self, comm: Comm, hello: Message) -> None:
         client = str(hello.get("client_id") or f"client-{uuid.uuid4().hex[:12]}")
@@ -264,7 +254,7 @@ class Scheduler:
         def on_frame(messages: list[Message]) -> None:
             for message in messages:
                 self._on_client_message(client, comm, message)
-            self._flush()
+            self.flush()
 
         try:
             await comm.serve(on_frame)
@@ -278,63 +268,20 @@ class Scheduler:
                 pass
         finally:
             self.comms.pop(client, None)
-            self._close_when_retired = {r for r in self._close_when_retired if r[0] != client}
+            self.close_when_retired = {r for r in self.close_when_retired if r[0] != client}
             comm.close()
             self.coordination.client_left(client)
             self.state.remove_client(client)
-            self._flush()
+            self.flush()
 
     def _on_client_message(self, client: str, comm: Comm, message: Message) -> None:
-        op = message["op"]
-        if op == "submit":
-            tasks = check_submit(message)
-            self.state.handle_submit(client, tasks, bool(message.get("recover")))
-            if "parent" in message:  # submitted by a task (secession.py)
-                self.secession.spawned(check_parent(message), [t["key"] for t in tasks])
-            elif message.get("recover"):  # each with its parent, if a task submitted it
-                self.secession.respawned(tasks)
-        elif op == "release":
-            if message.get("recover"):  # lineage only, after a restart
-                self.state.release_after_recovery(client, check_keys(message))
-            else:
-                self.state.handle_release(client, check_keys(message))
-        elif op == "cancel":
-            keys = check_keys(message)
-            self.state.handle_cancel(client, keys + self.secession.descendants(keys))
-        elif op == "info":
-            reply: dict[str, Any] = self.state.info()
-            reply.update(address=self.address, id=message["id"], op="info-reply")
-            reply["http_port"] = self.http_port
-            if message.get("check"):
-                reply["problems"] = self.violations + self.state.check_invariants()
-            comm.send(reply)
-        elif op == "run":
-            self._start_broadcast(client, message)
-        elif op == "replicate":
-            reply = replicate(self.state, check_keys(message))
-            comm.send({"op": "replicate-reply", "id": message["id"], **reply})
-        elif op == "retire":
-            names, count = check_retire(message)
-            if message.get("close"):
-                self._close_when_retired.add((client, message["id"]))
-            try:
-                self.state.retire_workers(client, message["id"], names, count)
-            except ValueError as exc:  # unknown names: the caller's mistake, not the protocol's
-                comm.send({"op": "retire-reply", "id": message["id"], "error": str(exc)})
-        elif op == "expect-leave":
-            self._planned_leaves.add(str(message["name"]))
-            comm.send({"op": "expect-leave-reply", "id": message["id"]})
-        elif op in self.client_ops:  # client_ops.py: resources, uploads, coordination...
-            self.client_ops[op](client, comm, message)
-        elif op == "logs":
-            lines = recent_lines(check_lines(message.get("n")))
-            comm.send({"op": "logs-reply", "id": message["id"], "lines": lines})
-        elif op == "close":
-            comm.close("client closed")
-        else:
-            raise ProtocolError(f"unknown client operation {op!r}")
+        op = CLIENT_OPS.get(message["op"])
+        if op is None:
+            raise ProtocolError(f"unknown client operation {message['op']!r}")
+        op.check(message)
+        op.handle(self, client, comm, message)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         if self.validate_every_batch:
             problems = self.state.check_invariants()
             if problems:
@@ -344,7 +291,7 @@ class Scheduler:
             reply = self._retire_replies.pop(dest, None)
             if reply is not None and not reply.done():
                 reply.set_result(messages[-1])
-            if self._close_when_retired:
+            if self.close_when_retired:
                 self._close_retired(dest, messages)
             comm = self.comms.get(dest)
             if comm is None or comm.closed:
@@ -365,9 +312,9 @@ class Scheduler:
         for message in messages:
             if message["op"] != "retire-reply":
                 continue
-            if (client, message["id"]) not in self._close_when_retired:
+            if (client, message["id"]) not in self.close_when_retired:
                 continue
-            self._close_when_retired.discard((client, message["id"]))
+            self.close_when_retired.discard((client, message["id"]))
             retired = set(message.get("retired", ()))
             for ws in list(self.state.workers.values()):
                 comm = self.comms.get(ws.address)
@@ -375,9 +322,6 @@ class Scheduler:
                     comm.send({"op": "close", "reason": "retired"})
 
     # ------------------------------------------------------ client.run broadcast
-    def _start_broadcast(self, client: str, message: Message) -> None:
-        self.broadcast(client, message["id"], {"func": message["func"], "args": message["args"]})
-
     def broadcast(self, client: str, reply_id: Any, fields: Message, op: str = "run") -> None:
         """Send ``op`` to every worker; the client gets ``run-reply`` with their answers."""
         run = _BroadcastRun(
@@ -416,7 +360,7 @@ class Scheduler:
         self._retire_replies[requester] = reply
         try:
             self.state.retire_workers(requester, None, names, count)
-            self._flush()
+            self.flush()
             message = await reply
         finally:
             self._retire_replies.pop(requester, None)
@@ -430,7 +374,7 @@ class Scheduler:
             self.state.check_timeouts()
             if recovering and self.state.recovery.over:
                 self.secession.recovered()
-            self._flush()
+            self.flush()
 
     def _check_heartbeats(self) -> None:
         timeout = float(config.get("scheduler.worker-timeout"))

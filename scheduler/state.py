@@ -16,7 +16,8 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from time import time as wall_clock
+from typing import Any, Final
 
 from apportion.scheduler.adjustments import Adjustments
 from apportion.scheduler.adoption import AdoptionMixin
@@ -24,7 +25,9 @@ from apportion.scheduler.events import EventLog
 from apportion.scheduler.model import (
     ACTIVE,
     NOTHING,
+    STEPS,
     WAITING_TO_RUN,
+    Step,
     TaskState,
     TaskStateName,
     WorkerState,
@@ -47,7 +50,7 @@ from apportion.scheduler.restrictions import (
 from apportion.scheduler.retirement import bytes_held, in_service_first
 
 from apportion import config
-from apportion.errors import KilledWorkerError, NoValidWorkerError
+from apportion.errors import InvalidTransitionError, KilledWorkerError, NoValidWorkerError
 from apportion.resources import (
     EMPTY_SHAPE,
     TOLERANCE,
@@ -62,14 +65,16 @@ logger = logging.getLogger("apportion.scheduler")
 
 Message = dict[str, Any]
 
+# How many changes of state the story keeps at least, of all tasks together (at most
+# twice as many: the oldest are dropped in bulk): bounded whatever the number of tasks,
+# at 16 bytes per change.
+STORY_LENGTH = 100_000
+# Held here: the compiled build reads its own module's finals natively, another module's
+# through a module attribute lookup.
+_STEPS: Final = STEPS
+
 
 class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
-    # Seceded runs and resources changed at runtime: None (this class default) until
-    # either happens, then the instance's own (see adjustments.py). Not set in __init__:
-    # instances here have 29 attributes, and a 30th costs CPython's fast attribute access
-    # (every placement ~6% more instructions).
-    adjusted: Adjustments | None = None
-
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.tasks: dict[str, TaskState] = {}
@@ -112,17 +117,23 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         # The lowest priority ever submitted: a task above it may outrank runs that fill a
         # worker's slots (see _outranked_worker); when all share one, none can.
         self._least_priority = self._most_priority = 0
-        self.prefetch = int(config.get("scheduler.worker-prefetch"))
-        self.allowed_failures = int(config.get("scheduler.allowed-failures"))
-        timeout = config.get("scheduler.no-worker-timeout")
-        self.no_worker_timeout: float | None = None if timeout is None else float(timeout)
+        self.settings = Settings()
+        # Every change of state of all tasks, oldest first, as pairs of entries: key, its
+        # Step; or None, the wall clock, after each batch that changed some (see story).
+        # A list, not a deque with a maxlen: appending to a list is cheaper, and
+        # take_outbox drops the oldest in bulk.
+        self.story_log: list[Any] = []
+        # Seceded runs and resources changed at runtime: None until either happens (see
+        # adjustments.py), so that the hot path pays one check for them.
+        self.adjusted: Adjustments | None = None
         self._init_retirements(float(config.get("scheduler.retire-timeout")))
         self._init_recovery(float(config.get("scheduler.recovery-wait")))
         # What happened, for the dashboard and /metrics: set only where someone can look.
         self.events: EventLog | None = None
         # Keep this object at 29 attributes or fewer (mix-ins' included): from the 30th on,
         # CPython 3.11 keeps them in a plain dict, and every attribute read in placement
-        # gets slower (5% more instructions placing the scheduler_only workload).
+        # gets slower (5% more instructions placing the scheduler_only workload). Settings
+        # read off the hot path go in ``settings``.
 
     # ------------------------------------------------------------- set helpers
     def _with(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
@@ -148,6 +159,12 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             self._advance_retirements()
         if self._notices:
             self._send_notices()
+        story_log = self.story_log
+        if story_log and story_log[-2] is not None:  # the changes of this batch: when
+            story_log.append(None)
+            story_log.append(wall_clock())
+            if len(story_log) > 4 * STORY_LENGTH:
+                del story_log[: len(story_log) - 2 * STORY_LENGTH]
         out, self.outbox = self.outbox, defaultdict(list)
         return out
 
@@ -326,7 +343,9 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
     ) -> WorkerState:
         """A worker joins; ``report``: what it brings from before a scheduler restart
         (``adopted`` is told of it once its runs are booked, before any new work)."""
-        ws = WorkerState(address, name, nthreads, resources, self.prefetch, memory_limit, info)
+        ws = WorkerState(
+            address, name, nthreads, resources, self.settings.prefetch, memory_limit, info
+        )
         ws.last_seen = ws.idle_since = self.clock()
         self.workers[address] = ws
         self.idle[ws] = None
@@ -343,7 +362,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 adopted(ws, report)
         for shape in [s for s in self.no_worker if s in ws.fitting_shapes]:
             for ts in self.no_worker.pop(shape):
-                self._set_state(ts, "released")
+                self._set_state(ts, "released", "a worker that fits it joined")
                 self._make_ready(ts)
         self._fill(ws)
         logger.info("worker %s joined from %s with %s", name, address, format_resources(ws.total))
@@ -396,7 +415,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if ts.processing_on is not ws:
                 continue  # a run cancelled earlier; nothing to redo
             ts.suspicious += 1
-            if ts.suspicious > self.allowed_failures:
+            if ts.suspicious > self.settings.allowed_failures:
                 self._fail(
                     ts,
                     KilledWorkerError(
@@ -405,13 +424,13 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                     ),
                 )
             else:
-                self._set_state(ts, "released")
+                self._set_state(ts, "released", "its worker left")
                 rerun.append(ts)
         ws.processing.clear()
         # 3. Queued tasks no remaining worker could ever run now wait in no-worker.
         for ts in orphaned:
             if ts.state == "queued":  # not sent back to waiting by a lost dependency above
-                self._set_state(ts, "released")
+                self._set_state(ts, "released", "the last worker that fits it left")
                 self._make_ready(ts)
         # 4. Recompute what is still needed, from lineage.
         for ts in rerun + lost:
@@ -451,7 +470,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 self._free_on(ws, ts)
             self._fill(ws)
             return
-        self._set_state(ts, "memory")
+        self._set_state(ts, "memory", "finished")
         ts.nbytes = int(msg.get("nbytes", 0))
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
@@ -494,11 +513,11 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 self._forward_output(ts, ws, msg["output"])
             if ts.retries > 0:
                 ts.retries -= 1
-                self._set_state(ts, "released")
+                self._set_state(ts, "released", "failed, to be retried")
                 logger.info("task %s failed on %s; retrying (%d left)", ts.key, ws.name, ts.retries)
                 self._ensure_computed(ts)
             else:
-                self._fail_with(ts, msg["exception"], msg.get("traceback", ""))
+                self._fail_with(ts, msg["exception"], msg.get("traceback", ""), "its run failed")
         self._fill(ws)
 
     def handle_task_released(self, address: str, msg: Message) -> None:
@@ -507,7 +526,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         if ws is not None and ts is not None:
             if _current_run(ts, ws, msg["run_id"]):
                 # The worker gave back a run we still wanted (it is shutting down): redo it.
-                self._set_state(ts, "released")
+                self._set_state(ts, "released", "its worker gave the run back")
                 self._ensure_computed(ts)
             self._fill(ws)
 
@@ -534,10 +553,69 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 else:
                     self._release_if_unneeded(dep)
         if ts is not None and _current_run(ts, ws, msg["run_id"]):
-            self._set_state(ts, "released")
+            self._set_state(ts, "released", "its worker could not fetch its inputs")
             self._ensure_computed(ts)
         if ws is not None:
             self._fill(ws)
+
+    # ---------------------------------------------------- for the state's components
+    # What the modules beside this one (secession.py, worker_resources.py, restart.py,
+    # stored_arguments.py: see StateView in state_view.py) may ask of the state.
+    def offer_slots(self, ws: WorkerState) -> None:
+        """``ws`` may take more work now (a run gave its thread back): its reservation
+        first, then queued tasks."""
+        if ws.reserved_for is not None:
+            self._serve(ws)
+        self._fill(ws)
+
+    def fail(self, ts: TaskState, exc: BaseException) -> None:
+        """Fail ``ts`` (and what depends on it) with ``exc``, telling whoever wants them."""
+        self._fail(ts, exc)
+
+    def release_if_unneeded(self, ts: TaskState) -> None:
+        """Release ``ts`` (and its dependencies) if nothing wants or needs it any more."""
+        self._release_if_unneeded(ts)
+
+    def redefine(self, ts: TaskState, func: bytes, args: bytes, shape: Shape, why: str) -> None:
+        """``ts``, waiting in no-worker, becomes another task under the same key (``why``
+        for its story), and is placed as that one."""
+        self._set_state(ts, "released", why)  # out of no-worker, under the shape it waited with
+        ts.func, ts.args = func, args
+        ts.shape = self._shapes.setdefault(shape, shape)
+        self._make_ready(ts)
+
+    def refit(self, ws: WorkerState, why: str) -> None:
+        """``ws``'s totals changed (``why``): which demands it fits is worked out again;
+        queued tasks no worker could run any longer wait in no-worker, and those waiting
+        there that it can run now are placed; its reservation is made again."""
+        orphaned = []
+        for shape, fitting in self.fitting.items():
+            if placeable(shape, ws):
+                fitting.add(ws)
+                ws.fitting_shapes.add(shape)
+            elif ws in fitting:
+                fitting.discard(ws)
+                ws.fitting_shapes.discard(shape)
+                if not fitting:
+                    orphaned.extend(self.ready.drain(shape))
+        ws.menu_version = -1  # its menu of queues is made again (see ReadyQueues.pop_for)
+        self._no_reservation.clear()
+        displaced = ws.reserved_for
+        if displaced is not None:
+            self._unreserve(displaced)
+        for ts in orphaned:
+            if ts.state == "queued":
+                self._set_state(ts, "released", why)
+                self._make_ready(ts)
+        for shape in [s for s in self.no_worker if s in ws.fitting_shapes]:
+            for ts in self.no_worker.pop(shape):
+                self._set_state(ts, "released", why)
+                self._make_ready(ts)
+        if displaced is not None and displaced.state == "queued" and displaced.reserved_on is None:
+            self._reserve(displaced)
+        if ws.reserved_for is None:
+            self._reserve_next(ws)
+        self._fill(ws)
 
     # ---------------------------------------------------------------- timeouts
     def next_deadline(self) -> float | None:
@@ -545,11 +623,11 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         recovery = self.recovery_deadline()
         if recovery is not None:
             deadlines.append(recovery)
-        if self.no_worker_timeout is not None and self.no_worker:
+        if self.settings.no_worker_timeout is not None and self.no_worker:
             since = min(
                 ts.no_worker_since or 0.0 for tasks in self.no_worker.values() for ts in tasks
             )
-            deadlines.append(since + self.no_worker_timeout)
+            deadlines.append(since + self.settings.no_worker_timeout)
         return min(deadlines, default=None)
 
     def check_timeouts(self) -> None:
@@ -558,21 +636,22 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         recovery = self.recovery_deadline()
         if recovery is not None and now >= recovery:
             self.end_recovery()
-        if self.no_worker_timeout is None:
+        if self.settings.no_worker_timeout is None:
             return
         for shape in list(self.no_worker):
             expired = [
                 ts
                 for ts in self.no_worker[shape]
                 if ts.no_worker_since is not None
-                and now - ts.no_worker_since >= self.no_worker_timeout
+                and now - ts.no_worker_since >= self.settings.no_worker_timeout
             ]
             for ts in expired:
                 self._fail(
                     ts,
                     NoValidWorkerError(
                         f"task {ts.key!r} needs {format_resources(dict(shape))} but waited "
-                        f"{self.no_worker_timeout:g}s without any worker that could run it: "
+                        f"{self.settings.no_worker_timeout:g}s without any worker that could "
+                        "run it: "
                         f"{explain_no_worker(shape, self.workers.values(), waiting=False)}. "
                         "Start a worker with "
                         "these resources, or lower the task's demand"
@@ -601,11 +680,13 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             missing = [d for d in ts.dependencies if d.state != "memory"]
             erred = next((d for d in missing if d.state == "erred"), None)
             if erred is not None:
-                self._fail_with(ts, erred.exception or b"", erred.traceback or "")
+                self._fail_with(
+                    ts, erred.exception or b"", erred.traceback or "", "an input failed"
+                )
                 continue
             ts.n_waiting = len(missing)
             if missing:
-                self._set_state(ts, "waiting")
+                self._set_state(ts, "waiting", "waits for its inputs")
                 stack.extend(d for d in missing if d.state == "released")
             else:
                 self._make_ready(ts)
@@ -620,7 +701,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                     worker.fitting_shapes.add(ts.shape)
             self._update_reserving()
         if not fitting:
-            self._set_state(ts, "no-worker")
+            self._set_state(ts, "no-worker", "no connected worker could ever run it")
             ts.no_worker_since = self.clock()
             self.no_worker.setdefault(ts.shape, {})[ts] = None
             for client in ts.who_wants:
@@ -638,7 +719,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         if ws is None and ts.priority > self._least_priority:
             ws = self._outranked_worker(ts, fitting)
         if ws is None:
-            self._set_state(ts, "queued")
+            self._set_state(ts, "queued", "no worker that fits it is free")
             self.ready.push(ts)
             if ts.shape and ts.shape in self.ready.reserving:
                 self._reserve(ts)
@@ -694,7 +775,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         # from there, and may start its next holder here at once.
         ts.processing_on = ws
         ts.run_id = run_id
-        self._set_state(ts, "processing")
+        self._set_state(ts, "processing", "sent to a worker")
         if len(processing) >= ws.slots:
             self.with_slots.pop(ws, None)
         message: Message = {
@@ -893,10 +974,19 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         if self._least_priority < self._most_priority and len(ws.processing) > ws.nthreads:
             self._fill_urgent(ws)
 
-    def _set_state(self, ts: TaskState, new: TaskStateName) -> None:
-        """Every change of a task's state goes through here; what leaving a state takes
-        is written once, below. (Entering one is up to the caller: the queue, the run.)"""
+    def _set_state(self, ts: TaskState, new: TaskStateName, reason: str) -> None:
+        """Every change of a task's state goes through here: it must be in TRANSITIONS
+        (InvalidTransitionError otherwise), and goes into the task's story with ``reason``.
+        What leaving a state takes is written once, below. (Entering one is up to the
+        caller: the queue, the run.)"""
         old = ts.state
+        try:
+            step = _STEPS[old][new][reason]
+        except KeyError:
+            step = _new_step(ts, old, new, reason)
+        story_log = self.story_log
+        story_log.append(ts.key)
+        story_log.append(step)
         if old == "processing":
             ws = ts.processing_on
             if ws is not None:
@@ -941,10 +1031,11 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 for holder in holders:
                     holder.has_what.discard(ts)
                     self._free_on(holder, ts)
-            self._set_state(ts, "released")
+            if ts.state != "released":
+                self._set_state(ts, "released", "no longer wanted")
             if not ts.dependents:
                 del self.tasks[ts.key]
-                self._set_state(ts, "forgotten")
+                self._set_state(ts, "forgotten", "no longer wanted")
                 for dep in ts.dependencies:
                     if ts in dep.dependents:
                         dep.dependents.discard(ts)  # type: ignore[union-attr]
@@ -954,7 +1045,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
 
     def _forget_data(self, ts: TaskState) -> None:
         """Data of a task in memory vanished: dependents not yet started must wait again."""
-        self._set_state(ts, "released")
+        self._set_state(ts, "released", "its result was lost")
         if ts in self.copying:
             self._forget_copy(ts)
         for client in ts.who_wants:
@@ -963,7 +1054,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if dependent.state == "waiting":
                 dependent.n_waiting += 1
             elif dependent.state in ("queued", "no-worker"):
-                self._set_state(dependent, "waiting")
+                self._set_state(dependent, "waiting", "an input's result was lost")
                 dependent.n_waiting = sum(d.state != "memory" for d in dependent.dependencies)
 
     def _free_on(self, ws: WorkerState, ts: TaskState) -> None:
@@ -974,16 +1065,17 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             self.send(ws.address, {"op": "free-keys", "keys": [ts.key]})
 
     def _fail(self, ts: TaskState, exc: BaseException) -> None:
-        self._fail_with(ts, dumps_value(exc), "")
+        self._fail_with(ts, dumps_value(exc), "", type(exc).__name__)
 
-    def _fail_with(self, root: TaskState, exception: bytes, traceback: str) -> None:
-        """Mark a task erred, and every dependent still to run, telling whoever wants them."""
+    def _fail_with(self, root: TaskState, exception: bytes, traceback: str, reason: str) -> None:
+        """Mark a task erred (``reason``: why, for its story), and every dependent still to
+        run, telling whoever wants them."""
         stack = [root]
         while stack:
             ts = stack.pop()
             if ts.state == "erred":
                 continue
-            self._set_state(ts, "erred")
+            self._set_state(ts, "erred", reason if ts is root else "an input failed")
             ts.exception = exception
             ts.traceback = traceback
             message = self._erred_message(ts)
@@ -1066,6 +1158,28 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             "queued": [{**describe(shape), "tasks": n} for shape, n in self.ready.counts().items()],
         }
 
+    def story(self, key: str) -> list[dict[str, Any]]:
+        """The changes of state of ``key`` still kept (see STORY_LENGTH), oldest first:
+        ``{"time": wall clock, "from": state, "to": state, "reason": why}``; the time is
+        that of the end of the batch of messages that made the change."""
+        records: list[dict[str, Any]] = []
+        undated: list[dict[str, Any]] = []
+        entries = iter(self.story_log)
+        for task, entry in zip(entries, entries, strict=False):
+            if task is None:
+                for record in undated:
+                    record["time"] = entry
+                undated = []
+            elif task == key:
+                old, new, reason = entry
+                record = {"time": 0.0, "from": old, "to": new, "reason": reason}
+                records.append(record)
+                undated.append(record)
+        now = wall_clock()
+        for record in undated:  # made in the batch under way
+            record["time"] = now
+        return records
+
     def check_invariants(self) -> list[str]:
         """Problems with resource accounting (empty when all is well); used by the tests."""
         problems = []
@@ -1116,6 +1230,28 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if ts.state == "memory" and not ts.who_has:
                 problems.append(f"task {ts.key} in memory nowhere")
         return problems + self._retirement_problems()
+
+
+class Settings:
+    """The scheduler's settings read off the hot path (from the configuration)."""
+
+    __slots__ = ("allowed_failures", "no_worker_timeout", "prefetch")
+
+    def __init__(self) -> None:
+        self.prefetch = int(config.get("scheduler.worker-prefetch"))
+        self.allowed_failures = int(config.get("scheduler.allowed-failures"))
+        timeout = config.get("scheduler.no-worker-timeout")
+        self.no_worker_timeout: float | None = None if timeout is None else float(timeout)
+
+
+def _new_step(ts: TaskState, old: str, new: str, reason: str) -> Step:
+    """The story's record of a legal change with a reason not seen before; raises
+    InvalidTransitionError for a change that TRANSITIONS does not allow."""
+    reasons = STEPS[old].get(new)
+    if reasons is None:
+        raise InvalidTransitionError(ts.key, old, new)
+    step = reasons[reason] = (old, new, reason)
+    return step
 
 
 def _reservation_problems(ws: WorkerState, state: SchedulerState) -> list[str]:

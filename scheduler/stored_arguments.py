@@ -17,21 +17,18 @@ from apportion.protocol import Message
 from apportion.resources import to_shape
 
 if TYPE_CHECKING:
-    from apportion.scheduler.state import SchedulerState
+    from apportion.scheduler.state_view import StateView
 
 
-def restore_argument(state: SchedulerState, client: str, spec: Message) -> bool:
+def restore_argument(state: StateView, client: str, spec: Message) -> bool:
     """The task ``spec`` replaces the one of its key that ``client`` wants and that waits
     for a worker; False (nothing changed) when there is no such task any more (the lost
     worker came back, or the key was released meanwhile)."""
     ts = state.tasks.get(spec["key"])
     if ts is None or ts.state != "no-worker" or client not in ts.who_wants:
         return False
-    state._set_state(ts, "released")  # out of no-worker, under the shape it waited with
-    ts.func, ts.args = spec["func"], spec["args"]
     shape = to_shape(spec.get("resources"))
     if spec.get("workers"):
         shape = restrict(shape, spec["workers"], bool(spec.get("allow_other_workers")))
-    ts.shape = state._shapes.setdefault(shape, shape)
-    state._make_ready(ts)
+    state.redefine(ts, spec["func"], spec["args"], shape, "its stored argument was restored")
     return True

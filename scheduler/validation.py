@@ -107,6 +107,11 @@ def _task_problem(task: Any, seen: set[str]) -> str | None:
     return None
 
 
+def check_id(message: Message) -> None:
+    """A request the scheduler answers carries the ``id`` its answer quotes."""
+    _expect("id" in message, f"{message['op']!r} needs an 'id' to quote in its answer")
+
+
 def check_run_id(message: Message) -> None:
     _expect(_is_int(message.get("run_id")), f"{message['op']!r} needs an integer 'run_id'")
 

@@ -12,7 +12,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from apportion.scheduler.adjustments import adjustments
-from apportion.scheduler.restrictions import placeable
 
 from apportion.resources import format_resources
 
@@ -20,10 +19,10 @@ logger = logging.getLogger("apportion.scheduler")
 
 if TYPE_CHECKING:
     from apportion.scheduler.model import WorkerState
-    from apportion.scheduler.state import SchedulerState
+    from apportion.scheduler.state_view import StateView
 
 
-def set_resources(state: SchedulerState, ws: WorkerState, resources: dict[str, float]) -> None:
+def set_resources(state: StateView, ws: WorkerState, resources: dict[str, float]) -> None:
     """Give ``ws`` the totals ``resources`` (a resource left out goes to 0)."""
     for name in set(ws.total) | set(resources):
         ws.total[name] = resources.get(name, 0)
@@ -35,32 +34,5 @@ def set_resources(state: SchedulerState, ws: WorkerState, resources: dict[str, f
         adjustments(state).shrunk.add(ws)  # runs keep what they hold: over its total until they end
     else:
         adjustments(state).shrunk.discard(ws)
-    orphaned = []
-    for shape, fitting in state.fitting.items():
-        if placeable(shape, ws):
-            fitting.add(ws)
-            ws.fitting_shapes.add(shape)
-        elif ws in fitting:
-            fitting.discard(ws)
-            ws.fitting_shapes.discard(shape)
-            if not fitting:
-                orphaned.extend(state.ready.drain(shape))
-    ws.menu_version = -1  # its menu of queues is made again (see ReadyQueues.pop_for)
-    state._no_reservation.clear()
-    displaced = ws.reserved_for
-    if displaced is not None:
-        state._unreserve(displaced)
-    for ts in orphaned:
-        if ts.state == "queued":
-            state._set_state(ts, "released")
-            state._make_ready(ts)
-    for shape in [s for s in state.no_worker if s in ws.fitting_shapes]:
-        for ts in state.no_worker.pop(shape):
-            state._set_state(ts, "released")
-            state._make_ready(ts)
-    if displaced is not None and displaced.state == "queued" and displaced.reserved_on is None:
-        state._reserve(displaced)
-    if ws.reserved_for is None:
-        state._reserve_next(ws)
-    state._fill(ws)
+    state.refit(ws, "its worker's resources were set")
     logger.info("worker %s resources set to %s", ws.name, format_resources(ws.total))

@@ -307,7 +307,7 @@ def test_a_seceded_run_that_kept_its_resources_gives_its_worker_a_slot_more() ->
     sim.rejoin("w1", {"GPU": 1}, nthreads=1, running=[parent])
     ws = sim.state.workers["w1"]
     assert sim.used("w1") == {"GPU": 1}
-    assert ws.max_slots == 1 + sim.state.prefetch + 1
+    assert ws.max_slots == 1 + sim.state.settings.prefetch + 1
     assert sim.secession is not None and 5 in sim.secession.runs
 
 

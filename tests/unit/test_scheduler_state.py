@@ -920,3 +920,38 @@ def test_a_run_under_way_that_lacks_an_input_whose_recomputation_failed_errs_the
     sim.step()
     assert sim.states()["y"] == "erred"
     assert "not again" in str(sim.error_of("y"))
+
+
+# ------------------------------------------------------------------ transitions, story
+def test_a_tasks_story_lists_its_changes_of_state_oldest_first(sim: Sim) -> None:
+    sim.submit("t")
+    sim.add_worker("w", {})
+    sim.finish("t")
+    story = sim.state.story("t")
+    assert [(r["from"], r["to"]) for r in story] == [
+        ("released", "no-worker"),
+        ("no-worker", "released"),
+        ("released", "processing"),
+        ("processing", "memory"),
+    ]
+    assert all(r["reason"] and isinstance(r["time"], float) for r in story)
+    assert [r["time"] for r in story] == sorted(r["time"] for r in story)
+    assert sim.state.story("unknown") == []
+
+
+def test_an_illegal_transition_is_refused_and_changes_nothing(sim: Sim) -> None:
+    from apportion.errors import InvalidTransitionError
+
+    sim.add_worker("w", {})
+    sim.submit("t")
+    sim.finish("t")
+    ts = sim.state.tasks["t"]
+    with pytest.raises(InvalidTransitionError) as caught:
+        sim.state._set_state(ts, "processing", "a bug")
+    assert (caught.value.key, caught.value.start, caught.value.finish) == (
+        "t",
+        "memory",
+        "processing",
+    )
+    assert ts.state == "memory"
+    assert not sim.state.check_invariants()
