@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from apportion.operator import handlers, memo, reconcile
+from apportion.operator import handlers, memo, metrics, reconcile
 from apportion.operator.spec import Defaults
 
 
@@ -33,10 +33,16 @@ def _filled(uid: str) -> tuple[dict[str, Any], memo.ClusterMemo]:
     return kopf_memo, record
 
 
+def _remembered() -> float | None:
+    return metrics.REGISTRY.get_sample_value("apportion_operator_clusters")
+
+
 def test_a_deleted_cluster_keeps_nothing_and_is_marked_gone() -> None:
     gone_memo, gone = _filled("gone")
     kept_memo, kept = _filled("kept")
+    before = _remembered()
     handlers.on_event(type="DELETED", body=_body("gone"), memo=gone_memo)
+    assert _remembered() == (before or 0) - 1
     assert gone.gone.is_set()
     assert (gone.applied, gone.token, gone.tls_read, gone.tls_context, gone.announced) == (
         {},
