@@ -8,7 +8,9 @@ environment variable is reported where it matters, not at import.
 Keys are dotted paths (``"worker.resources.GPU"``). Environment variables use
 ``APPORTION_`` and double underscores between levels:
 ``APPORTION_WORKER__RESOURCES__GPU=2`` sets ``worker.resources.GPU`` to ``2``.
-Path segments are case-insensitive except resource names, which keep their case.
+Path segments are case-insensitive except resource names, which keep their case. A few
+settings also honour the variable an older release read (``Setting.legacy_env``, e.g.
+``APPORTION_CONTACT_HOST``); their own variable wins when both are set.
 
 ``set`` works as a plain call and as a context manager that restores on exit::
 
@@ -30,7 +32,7 @@ from typing import Any
 
 from apportion import config_schema
 
-ENV_PREFIX = "APPORTION_"
+ENV_PREFIX = config_schema.ENV_PREFIX
 # LocalCluster hands the spawning process's whole configuration to its children through this.
 INHERITED_ENV = "APPORTION_INTERNAL_INHERIT_CONFIG"
 _CASE_KEPT_UNDER = ("worker", "resources")
@@ -120,17 +122,26 @@ def _canonical_tree(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> di
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    # Older names first, so that a setting's own variable wins when both are set.
+    for setting in config_schema.SETTINGS:
+        if setting.legacy_env and setting.legacy_env in environ:
+            path = _split(setting.key)
+            _merge(out, _env_tree(setting.legacy_env, environ[setting.legacy_env], path))
     for name, raw in environ.items():
         if not name.startswith(ENV_PREFIX) or name == INHERITED_ENV or "__" not in name:
             continue
         path = _canonical([p for p in name[len(ENV_PREFIX) :].split("__") if p])
-        setting = config_schema.BY_KEY.get(".".join(path))
-        # A string setting takes the text as it is ("123" stays a string).
-        value = raw if setting and setting.kind == "string" else _parse_env_value(raw)
-        tree = _nest(path, value)
-        config_schema.check_tree(tree, f"environment variable {name}")
-        _merge(out, tree)
+        _merge(out, _env_tree(name, raw, path))
     return out
+
+
+def _env_tree(name: str, raw: str, path: list[str]) -> dict[str, Any]:
+    setting = config_schema.BY_KEY.get(".".join(path))
+    # A string setting takes the text as it is ("123" stays a string).
+    value = raw if setting and setting.kind == "string" else _parse_env_value(raw)
+    tree = _nest(path, value)
+    config_schema.check_tree(tree, f"environment variable {name}")
+    return tree
 
 
 def refresh(environ: Mapping[str, str] | None = None) -> None:

@@ -17,10 +17,14 @@ Kind = Literal["number", "integer", "boolean", "string"]
 
 class Setting:
     """One key: its type (``kind``, and ``choices`` for a closed set of strings), its
-    default, whether None is valid too (``optional``), and what it means."""
+    default, whether None is valid too (``optional``), and what it means.
+
+    Its environment variable is ``env_name(key)``; ``legacy_env`` names the variable an
+    older release read instead, still honoured (pods made by an older operator, and
+    deployments written for one, set it) when the new one is not set."""
 
     # A plain class: every process imports this table, and a dataclass costs more to build.
-    __slots__ = ("choices", "default", "key", "kind", "meaning", "optional")
+    __slots__ = ("choices", "default", "key", "kind", "legacy_env", "meaning", "optional")
 
     def __init__(
         self,
@@ -30,6 +34,7 @@ class Setting:
         meaning: str,
         optional: bool = False,
         choices: tuple[str, ...] = (),
+        legacy_env: str | None = None,
     ) -> None:
         self.key = key
         self.kind = kind
@@ -37,6 +42,7 @@ class Setting:
         self.meaning = meaning
         self.optional = optional
         self.choices = choices
+        self.legacy_env = legacy_env
 
     def describe_type(self, article: bool = False) -> str:
         if self.choices:
@@ -100,6 +106,15 @@ SETTINGS: tuple[Setting, ...] = (
         optional=True,
     ),
     Setting(
+        "scheduler.contact-host",
+        "string",
+        None,
+        "Host the scheduler gives out as its address (to workers, clients and its "
+        "dashboard links); None: its own IP address as the network route shows it.",
+        optional=True,
+        legacy_env="APPORTION_CONTACT_HOST",
+    ),
+    Setting(
         "scheduler.validate",
         "boolean",
         False,
@@ -161,6 +176,15 @@ SETTINGS: tuple[Setting, ...] = (
         "that can run the task, straight from the client, not sent through the scheduler.",
     ),
     Setting(
+        "client.scheduler-address",
+        "string",
+        None,
+        "Scheduler a Client() given no address connects to; None: a local cluster is "
+        "started instead.",
+        optional=True,
+        legacy_env="APPORTION_SCHEDULER_ADDRESS",
+    ),
+    Setting(
         "client.direct-results",
         "boolean",
         True,
@@ -220,9 +244,85 @@ SETTINGS: tuple[Setting, ...] = (
         True,
         "Clients check that the server's certificate names the host they connect to.",
     ),
+    Setting(
+        "logging.level",
+        "string",
+        None,
+        "Level of what a process prints to stderr (DEBUG, INFO, WARNING, ERROR) when not "
+        "given --log-level; None: INFO, and WARNING for LocalCluster's processes.",
+        optional=True,
+        legacy_env="APPORTION_LOG_LEVEL",
+    ),
+    # The operator's own settings (its chart sets them from its values).
+    Setting(
+        "operator.interval",
+        "number",
+        2.0,
+        "Seconds between two reconciles of a ResourceCluster when nothing changes (its "
+        "status, autoscaling and lost pods follow at this pace).",
+        legacy_env="APPORTION_OPERATOR_INTERVAL",
+    ),
+    Setting(
+        "operator.threads",
+        "integer",
+        32,
+        "Reconciles the operator runs at once (each of a different cluster; one may wait "
+        "on a scheduler's retire call).",
+        legacy_env="APPORTION_OPERATOR_THREADS",
+    ),
+    Setting(
+        "operator.image",
+        "string",
+        "apportion:0.1.0",
+        "Image of the scheduler and worker pods of ResourceClusters that name none.",
+        legacy_env="APPORTION_OPERATOR_IMAGE",
+    ),
+    Setting(
+        "operator.image-pull-policy",
+        "string",
+        "IfNotPresent",
+        "Pull policy of those pods when the cluster names none.",
+        choices=("Always", "IfNotPresent", "Never"),
+        legacy_env="APPORTION_OPERATOR_IMAGE_PULL_POLICY",
+    ),
+    Setting(
+        "operator.image-pull-secrets",
+        "string",
+        "",
+        "Comma-separated names of the Secrets to pull those pods' images with when the "
+        "cluster names none.",
+        legacy_env="APPORTION_OPERATOR_IMAGE_PULL_SECRETS",
+    ),
+    Setting(
+        "operator.peering.name",
+        "string",
+        None,
+        "Name of the KopfPeering object shared by several operator replicas: the one of "
+        "highest priority acts, the others stand by; None: a single operator runs "
+        "standalone.",
+        optional=True,
+        legacy_env="APPORTION_OPERATOR_PEERING",
+    ),
+    Setting(
+        "operator.peering.lifetime",
+        "integer",
+        20,
+        "Seconds a replica's peering record lives unless renewed: a standby replica takes "
+        "over within this long after the acting one dies.",
+        legacy_env="APPORTION_OPERATOR_PEERING_LIFETIME",
+    ),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+ENV_PREFIX = "APPORTION_"
+
+
+def env_name(key: str) -> str:
+    """The environment variable of a key: ``operator.image-pull-policy`` is
+    ``APPORTION_OPERATOR__IMAGE_PULL_POLICY``."""
+    return ENV_PREFIX + "__".join(part.upper().replace("-", "_") for part in key.split("."))
+
+
 # Keys whose value is a mapping of free names (resource names) to values of the setting's kind.
 OPEN_MAPPINGS = frozenset({"worker.resources"})
 
@@ -320,5 +420,6 @@ def markdown_table() -> str:
     for s in SETTINGS:
         key = f"{s.key}.<name>" if s.key in OPEN_MAPPINGS else s.key
         default = "{}" if s.key in OPEN_MAPPINGS else repr(s.default)
-        rows.append(f"| `{key}` | {s.describe_type()} | `{default}` | {s.meaning} |")
+        meaning = f"{s.meaning} Also read from `{s.legacy_env}`." if s.legacy_env else s.meaning
+        rows.append(f"| `{key}` | {s.describe_type()} | `{default}` | {meaning} |")
     return "\n".join(rows)

@@ -170,11 +170,21 @@ def patch(api_version: str, kind: str, namespace: str, name: str, body: Mapping[
 
 
 def patch_status(
-    api_version: str, kind: str, namespace: str, name: str, status: Mapping[str, Any]
+    api_version: str,
+    kind: str,
+    namespace: str,
+    name: str,
+    status: Mapping[str, Any],
+    resource_version: str | None = None,
 ) -> None:
+    """A merge patch of the status; with ``resource_version``, only onto that version of
+    the object (else ApiException 409: it changed since it was read)."""
     resource = dynamic().resources.get(api_version=api_version, kind=kind).subresources["status"]
+    body: dict[str, Any] = {"status": dict(status)}
+    if resource_version is not None:
+        body["metadata"] = {"resourceVersion": resource_version}
     resource.patch(
-        body={"status": dict(status)},
+        body=body,
         name=name,
         namespace=namespace,
         content_type="application/merge-patch+json",

@@ -1,5 +1,6 @@
 """The operator's own Prometheus metrics: reconciles, their errors and time, scaling
-decisions. Served by ``apportion operator --metrics-port PORT`` at ``/metrics``."""
+decisions, clusters remembered. Served by ``apportion operator --metrics-port PORT`` at
+``/metrics``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from apportion.operator import memo
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -29,6 +31,13 @@ SCALING_DECISIONS = Counter(
     ["cluster", "group", "direction"],
     registry=REGISTRY,
 )
+
+CLUSTERS = Gauge(
+    "apportion_operator_clusters",
+    "ResourceClusters the operator keeps a record of (a deleted one is forgotten at once)",
+    registry=REGISTRY,
+)
+CLUSTERS.set_function(memo.remembered)
 
 
 @contextmanager

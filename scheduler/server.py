@@ -7,7 +7,6 @@ import contextlib
 import gc
 import itertools
 import logging
-import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -420,7 +419,7 @@ def _naming_the_port(host: str, port: int, flag: str) -> Iterator[None]:
 
 def _contact_host() -> str:
     """The address other machines can reach this one at, when listening on all interfaces."""
-    return os.environ.get("APPORTION_CONTACT_HOST") or _guess_ip()
+    return config.get("scheduler.contact-host") or _guess_ip()
 
 
 def _guess_ip() -> str:

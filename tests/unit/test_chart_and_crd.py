@@ -350,6 +350,16 @@ def operator_container(docs: list[Obj]) -> Obj:
     return container
 
 
+# Resources no Role can grant (they have no namespace): those the chart's rules mention.
+CLUSTER_SCOPED = {
+    "namespaces",
+    "nodes",
+    "customresourcedefinitions",
+    "clusterkopfpeerings",
+    "persistentvolumes",
+}
+
+
 def rules_allow(rules: list[Obj], group: str, resource: str, verb: str) -> bool:
     return any(
         group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules
@@ -421,7 +431,7 @@ def test_template_cluster_wide() -> None:
         "INFO",
         "--liveness=http://$(POD_IP):8081/healthz",
     ]
-    assert {"name": "APPORTION_OPERATOR_IMAGE", "value": "apportion:0.1.0"} in container["env"]
+    assert {"name": "APPORTION_OPERATOR__IMAGE", "value": "apportion:0.1.0"} in container["env"]
     security = container["securityContext"]
     assert security["runAsNonRoot"] is True
     assert security["runAsUser"] == 10001
@@ -455,7 +465,11 @@ def test_template_namespaced() -> None:
         assert rules_allow(rules, "apportion.dev", "resourceclusters/status", "patch")
         assert rules_allow(rules, "", "pods", "create")
         assert rules_allow(rules, "", "secrets", "create")
-        assert not rules_allow(rules, "", "namespaces", "list")
+        # A Role grants only namespaced resources: a cluster-scoped one named in it would
+        # grant nothing, and the operator would fail at run time (those are in the
+        # ClusterRole below).
+        named = {res for rule in rules for res in rule["resources"]}
+        assert not named & CLUSTER_SCOPED, named & CLUSTER_SCOPED
     for binding in bindings:
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
@@ -485,7 +499,7 @@ def test_template_namespaced() -> None:
     ]
     image = "registry.example/apportion:1.2.3"
     assert container["image"] == image
-    assert {"name": "APPORTION_OPERATOR_IMAGE", "value": image} in container["env"]
+    assert {"name": "APPORTION_OPERATOR__IMAGE", "value": image} in container["env"]
 
 
 def test_template_without_rbac_or_service_account() -> None:
@@ -519,3 +533,25 @@ def test_autoscaling_example_parses_into_an_autoscaled_gpu_group() -> None:
     assert (gpu.autoscaled, gpu.min_replicas, gpu.max_replicas) == (True, 0, 4)
     assert (gpu.idle_timeout, gpu.replicas, gpu.limits) == (120, 0, {"nvidia.com/gpu": "2"})
     assert (highmem.autoscaled, highmem.replicas) == (False, 1)
+
+
+def test_the_chart_sets_the_operator_only_through_its_settings_variables() -> None:
+    from apportion import config, config_schema
+
+    docs = render("operator.replicas=2", "imagePullSecrets[0].name=regcred")
+    env = {
+        e["name"]: e.get("value")
+        for e in operator_container(docs)["env"]
+        if e["name"].startswith("APPORTION_")
+    }
+    by_variable = {config_schema.env_name(s.key): s.key for s in config_schema.SETTINGS}
+    assert set(env) <= set(by_variable), set(env) - set(by_variable)
+    try:
+        config.refresh(env)
+        assert config.get("operator.image") == "apportion:0.1.0"
+        assert config.get("operator.image-pull-policy") == "IfNotPresent"
+        assert config.get("operator.image-pull-secrets") == "regcred"
+        assert config.get("operator.peering.name") == "rel-apportion"
+        assert config.get("operator.peering.lifetime") == 20
+    finally:
+        config.refresh()

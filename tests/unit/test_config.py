@@ -309,3 +309,83 @@ def test_get_immutable_follows_set_and_its_undoing() -> None:
     finally:
         config.refresh()
     assert config.get_immutable("comm.max-frame-bytes") == default
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "key", "expected"),
+    [
+        ("APPORTION_OPERATOR__INTERVAL", "5", "operator.interval", 5),
+        ("APPORTION_OPERATOR__THREADS", "8", "operator.threads", 8),
+        ("APPORTION_OPERATOR__IMAGE", "reg/apportion:1", "operator.image", "reg/apportion:1"),
+        ("APPORTION_OPERATOR__IMAGE_PULL_POLICY", "Never", "operator.image-pull-policy", "Never"),
+        ("APPORTION_OPERATOR__IMAGE_PULL_SECRETS", "a,b", "operator.image-pull-secrets", "a,b"),
+        ("APPORTION_OPERATOR__PEERING__NAME", "op", "operator.peering.name", "op"),
+        ("APPORTION_OPERATOR__PEERING__LIFETIME", "30", "operator.peering.lifetime", 30),
+        ("APPORTION_SCHEDULER__CONTACT_HOST", "10.0.0.1", "scheduler.contact-host", "10.0.0.1"),
+        (
+            "APPORTION_CLIENT__SCHEDULER_ADDRESS",
+            "tcp://s:8786",
+            "client.scheduler-address",
+            "tcp://s:8786",
+        ),
+        ("APPORTION_LOGGING__LEVEL", "DEBUG", "logging.level", "DEBUG"),
+    ],
+)
+def test_every_setting_has_an_environment_variable_by_the_one_convention(
+    clean_env: Path, name: str, raw: str, key: str, expected: object
+) -> None:
+    assert config_schema.env_name(key) == name
+    config.refresh({name: raw})
+    assert config.get(key) == expected
+
+
+@pytest.mark.parametrize(
+    ("legacy", "raw", "key", "expected"),
+    [
+        ("APPORTION_OPERATOR_INTERVAL", "0.5", "operator.interval", 0.5),
+        ("APPORTION_OPERATOR_THREADS", "4", "operator.threads", 4),
+        ("APPORTION_OPERATOR_IMAGE", "apportion:dev", "operator.image", "apportion:dev"),
+        ("APPORTION_OPERATOR_IMAGE_PULL_POLICY", "Always", "operator.image-pull-policy", "Always"),
+        ("APPORTION_OPERATOR_IMAGE_PULL_SECRETS", "r", "operator.image-pull-secrets", "r"),
+        ("APPORTION_OPERATOR_PEERING", "op", "operator.peering.name", "op"),
+        ("APPORTION_OPERATOR_PEERING_LIFETIME", "25", "operator.peering.lifetime", 25),
+        ("APPORTION_CONTACT_HOST", "10.0.0.2", "scheduler.contact-host", "10.0.0.2"),
+        ("APPORTION_SCHEDULER_ADDRESS", "tcp://s:1", "client.scheduler-address", "tcp://s:1"),
+        ("APPORTION_LOG_LEVEL", "WARNING", "logging.level", "WARNING"),
+    ],
+)
+def test_the_variable_an_older_release_read_still_sets_its_setting(
+    clean_env: Path, legacy: str, raw: str, key: str, expected: object
+) -> None:
+    config.refresh({legacy: raw})
+    assert config.get(key) == expected
+
+
+def test_a_settings_own_variable_wins_over_its_older_name(clean_env: Path) -> None:
+    config.refresh({"APPORTION_OPERATOR_INTERVAL": "9", "APPORTION_OPERATOR__INTERVAL": "3"})
+    assert config.get("operator.interval") == 3
+
+
+def test_an_older_variable_of_the_wrong_type_is_an_error_naming_it(clean_env: Path) -> None:
+    with pytest.raises(ConfigError, match="APPORTION_OPERATOR_THREADS") as raised:
+        config.refresh({"APPORTION_OPERATOR_THREADS": "many"})
+    assert raised.value.key == "operator.threads"
+
+
+def test_every_variable_the_package_reads_is_a_setting() -> None:
+    """No module reads an APPORTION_ variable of its own, except the few that are not
+    settings (tokens, and what a process hands its children)."""
+    root = Path(__file__).parents[2]
+    not_settings = {
+        "APPORTION_TOKEN",
+        "APPORTION_TOKEN_FILE",
+        "APPORTION_CONFIG",
+        "APPORTION_INTERNAL_INHERIT_CONFIG",
+        "APPORTION_INTERNAL_PARENT_PID",
+    }
+    legacy = {s.legacy_env for s in config_schema.SETTINGS if s.legacy_env}
+    for folder in ("k8s_operator", "scheduler"):
+        for path in (root / folder).rglob("*.py"):
+            for name in re.findall(r"environ(?:\.get)?\(\s*\"(APPORTION_\w+)\"", path.read_text()):
+                assert name in not_settings, f"{path.name} reads ${name} outside the schema"
+    assert {"APPORTION_CONTACT_HOST", "APPORTION_LOG_LEVEL"} <= legacy
