@@ -11,13 +11,24 @@ thread.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from apportion.core.task_host import set_task_host
 
 if TYPE_CHECKING:
-    from apportion.worker.server import Worker
     from apportion.worker.state import WorkerTask
+
+
+class Worker(Protocol):
+    """What a task thread needs of the worker process running it (worker/server.py's
+    Worker, which imports this module: typed here by what is used, not by import)."""
+
+    scheduler_address: str
+    token: str | None
+
+    def secede_run(self, task: WorkerTask, release: bool) -> None: ...
+
+    def rejoin_run(self, task: WorkerTask) -> None: ...
 
 
 def secede(release_resources: bool = False) -> None:
