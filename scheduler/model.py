@@ -32,14 +32,6 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     "forgotten": frozenset(),
 }
 
-# Each legal change as a task's story records it: STEPS[from][to][reason] is the tuple
-# (from, to, reason), made once per distinct reason, so that recording a change
-# allocates nothing (see SchedulerState.story).
-Step = tuple[str, str, str]
-STEPS: dict[str, dict[str, dict[str, Step]]] = {
-    old: {new: {} for new in news} for old, news in TRANSITIONS.items()
-}
-
 # States in which a task still has to run (so it needs its dependencies).
 ACTIVE = frozenset({"waiting", "queued", "no-worker", "processing"})
 # Those of them not yet sent to a worker.

@@ -25,9 +25,8 @@ from apportion.scheduler.events import EventLog
 from apportion.scheduler.model import (
     ACTIVE,
     NOTHING,
-    STEPS,
+    TRANSITIONS,
     WAITING_TO_RUN,
-    Step,
     TaskState,
     TaskStateName,
     WorkerState,
@@ -67,11 +66,15 @@ Message = dict[str, Any]
 
 # How many changes of state the story keeps at least, of all tasks together (at most
 # twice as many: the oldest are dropped in bulk): bounded whatever the number of tasks,
-# at 16 bytes per change.
+# at 32 bytes per change.
 STORY_LENGTH = 100_000
-# Held here: the compiled build reads its own module's finals natively, another module's
-# through a module attribute lookup.
-_STEPS: Final = STEPS
+# Entries of the story log per change: key, from, to, reason (flat, so that recording a
+# change allocates nothing); after each batch that changed some, None, the wall clock and
+# two blanks (see take_outbox and story).
+_STRIDE: Final = 4
+# Held here, typed: the compiled build reads its own module's finals natively (another
+# module's through a module attribute lookup), and a typed dict without a generic lookup.
+_LEGAL: Final[dict[str, frozenset[str]]] = TRANSITIONS
 
 
 class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
@@ -118,8 +121,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         # worker's slots (see _outranked_worker); when all share one, none can.
         self._least_priority = self._most_priority = 0
         self.settings = Settings()
-        # Every change of state of all tasks, oldest first, as pairs of entries: key, its
-        # Step; or None, the wall clock, after each batch that changed some (see story).
+        # Every change of state of all tasks, oldest first, _STRIDE entries each: key,
+        # from, to, reason; or None, the wall clock, after each batch that changed some.
         # A list, not a deque with a maxlen: appending to a list is cheaper, and
         # take_outbox drops the oldest in bulk.
         self.story_log: list[Any] = []
@@ -160,11 +163,10 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         if self._notices:
             self._send_notices()
         story_log = self.story_log
-        if story_log and story_log[-2] is not None:  # the changes of this batch: when
-            story_log.append(None)
-            story_log.append(wall_clock())
-            if len(story_log) > 4 * STORY_LENGTH:
-                del story_log[: len(story_log) - 2 * STORY_LENGTH]
+        if story_log and story_log[-_STRIDE] is not None:  # the changes of this batch: when
+            story_log.extend((None, wall_clock(), "", ""))
+            if len(story_log) > 2 * _STRIDE * STORY_LENGTH:
+                del story_log[: len(story_log) - _STRIDE * STORY_LENGTH]
         out, self.outbox = self.outbox, defaultdict(list)
         return out
 
@@ -980,13 +982,13 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         What leaving a state takes is written once, below. (Entering one is up to the
         caller: the queue, the run.)"""
         old = ts.state
-        try:
-            step = _STEPS[old][new][reason]
-        except KeyError:
-            step = _new_step(ts, old, new, reason)
+        if new not in _LEGAL[old]:
+            raise InvalidTransitionError(ts.key, old, new)
         story_log = self.story_log
         story_log.append(ts.key)
-        story_log.append(step)
+        story_log.append(old)
+        story_log.append(new)
+        story_log.append(reason)
         if old == "processing":
             ws = ts.processing_on
             if ws is not None:
@@ -1164,15 +1166,15 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         that of the end of the batch of messages that made the change."""
         records: list[dict[str, Any]] = []
         undated: list[dict[str, Any]] = []
-        entries = iter(self.story_log)
-        for task, entry in zip(entries, entries, strict=False):
+        log = self.story_log
+        for i in range(0, len(log) - _STRIDE + 1, _STRIDE):
+            task = log[i]
             if task is None:
                 for record in undated:
-                    record["time"] = entry
+                    record["time"] = log[i + 1]
                 undated = []
             elif task == key:
-                old, new, reason = entry
-                record = {"time": 0.0, "from": old, "to": new, "reason": reason}
+                record = {"time": 0.0, "from": log[i + 1], "to": log[i + 2], "reason": log[i + 3]}
                 records.append(record)
                 undated.append(record)
         now = wall_clock()
@@ -1242,16 +1244,6 @@ class Settings:
         self.allowed_failures = int(config.get("scheduler.allowed-failures"))
         timeout = config.get("scheduler.no-worker-timeout")
         self.no_worker_timeout: float | None = None if timeout is None else float(timeout)
-
-
-def _new_step(ts: TaskState, old: str, new: str, reason: str) -> Step:
-    """The story's record of a legal change with a reason not seen before; raises
-    InvalidTransitionError for a change that TRANSITIONS does not allow."""
-    reasons = STEPS[old].get(new)
-    if reasons is None:
-        raise InvalidTransitionError(ts.key, old, new)
-    step = reasons[reason] = (old, new, reason)
-    return step
 
 
 def _reservation_problems(ws: WorkerState, state: SchedulerState) -> list[str]:
