@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import warnings
 import weakref
@@ -115,11 +114,11 @@ class Client(metaclass=_ClientType):
         """``asynchronous=True`` makes the call construct an ``AsyncClient`` (see
         _ClientType): the class, not this argument, decides how the client waits."""
         if address is None:
-            address = os.environ.get("APPORTION_SCHEDULER_ADDRESS")
+            address = config.get("client.scheduler-address")
             if not address:
                 raise ValueError(
                     "Client needs an address (tcp://HOST:PORT) or a cluster object; "
-                    "or set APPORTION_SCHEDULER_ADDRESS"
+                    "or set client.scheduler-address (APPORTION_SCHEDULER_ADDRESS)"
                 )
         self.cluster = None
         if not isinstance(address, str):

@@ -179,8 +179,8 @@ SETTINGS: tuple[Setting, ...] = (
         "client.scheduler-address",
         "string",
         None,
-        "Scheduler a Client() given no address connects to; None: a local cluster is "
-        "started instead.",
+        "Scheduler a Client() given no address connects to; None: Client() needs an "
+        "address or a cluster.",
         optional=True,
         legacy_env="APPORTION_SCHEDULER_ADDRESS",
     ),
@@ -248,8 +248,8 @@ SETTINGS: tuple[Setting, ...] = (
         "logging.level",
         "string",
         None,
-        "Level of what a process prints to stderr (DEBUG, INFO, WARNING, ERROR) when not "
-        "given --log-level; None: INFO, and WARNING for LocalCluster's processes.",
+        "Level of what a process prints to stderr (DEBUG, INFO, WARNING, ERROR); None: "
+        "INFO, and WARNING for LocalCluster's processes (LocalCluster(log_level=...)).",
         optional=True,
         legacy_env="APPORTION_LOG_LEVEL",
     ),
