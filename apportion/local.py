@@ -20,7 +20,7 @@ from typing import Any
 from apportion import config
 from apportion.auth import TOKEN_ENV, generate_token
 from apportion.backoff import RestartBackoff
-from apportion.process import LOG_LEVEL_ENV, PARENT_PID_ENV, after_exit
+from apportion.process import LOG_LEVEL_ENV, PARENT_PID_ENV, after_exit, read_announcements
 from apportion.protocol.comm import parse_address
 from apportion.protocol.frames import PROTOCOL_VERSION, ProtocolError, decode, encode
 from apportion.protocol.reader import FrameReader
@@ -42,6 +42,9 @@ class WorkerProcess:
     supervised: bool = True
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
     restart_at: float | None = None
+    # Our end of its ready pipe, kept after the ready line: a worker that stops on purpose
+    # says so there before exiting (see apportion/process.py).
+    notices: int | None = None
 
     @property
     def pid(self) -> int:
@@ -160,9 +163,13 @@ class LocalCluster:
         return process, read_end
 
     def _await_ready(
-        self, launched: list[tuple[str, tuple[subprocess.Popen, int]]]
+        self,
+        launched: list[tuple[str, tuple[subprocess.Popen, int]]],
+        keep: dict[str, int] | None = None,
     ) -> dict[str, dict[str, Any]]:
-        """Read each child's JSON readiness line, failing clearly if one dies or hangs."""
+        """Read each child's JSON readiness line, failing clearly if one dies or hangs.
+        With ``keep``, the pipes of the children that are ready stay open, by name, for
+        their stop notices; the others are closed."""
         pending = {fd: (name, proc) for name, (proc, fd) in launched}
         buffers: dict[int, bytes] = dict.fromkeys(pending, b"")
         ready: dict[str, dict[str, Any]] = {}
@@ -186,7 +193,10 @@ class LocalCluster:
                     if buffers[fd].endswith(b"\n"):
                         details = json.loads(buffers[fd])
                         del pending[fd]
-                        os.close(fd)
+                        if keep is None or "error" in details:
+                            os.close(fd)
+                        else:
+                            keep[name] = fd
                         if "error" in details:
                             raise RuntimeError(f"{name} could not start: {details['error']}")
                         ready[name] = details
@@ -226,9 +236,11 @@ class LocalCluster:
                     spec["name"], process, args, spec["resources"]
                 )
                 self._children[spec["name"]] = process
-        ready = self._await_ready(launched)
+        notices: dict[str, int] = {}
+        ready = self._await_ready(launched, notices)
         for name, details in ready.items():
             self.workers[name].address = details["address"]
+            self.workers[name].notices = notices[name]
         return [self.workers[name] for name, _ in launched]
 
     def kill_worker(self, name: str, restart: bool = False) -> None:
@@ -278,7 +290,10 @@ class LocalCluster:
                 if self._stopping.is_set():
                     return
                 now = time.monotonic()
-                decision = after_exit(worker.process.returncode)
+                if worker.restart_at is None:  # it exited since we last looked
+                    decision = after_exit(worker.process.returncode, self._said_it_stopped(worker))
+                else:  # decided at its exit; the back-off is under way
+                    decision = "restart"
                 if decision != "restart":
                     # Stopped on purpose (retired, say), or it cannot start: leave it be.
                     worker.supervised = False
@@ -307,9 +322,11 @@ class LocalCluster:
                     worker.restarts += 1
                     self._children[worker.name] = process
                 try:
-                    worker.address = self._await_ready([(worker.name, (process, fd))])[worker.name][
-                        "address"
-                    ]
+                    notices: dict[str, int] = {}
+                    worker.address = self._await_ready([(worker.name, (process, fd))], notices)[
+                        worker.name
+                    ]["address"]
+                    worker.notices = notices[worker.name]
                 except (RuntimeError, TimeoutError) as exc:
                     logger.error("restarting worker %s failed: %s", worker.name, exc)
 
@@ -318,6 +335,16 @@ class LocalCluster:
         return {name: w.pid for name, w in self.workers.items()}
 
     # ---------------------------------------------------------------- lifecycle
+    @staticmethod
+    def _said_it_stopped(worker: WorkerProcess) -> bool:
+        """Whether a worker that exited said it stopped on purpose (read once: the pipe
+        is closed after). An exit without saying so (a task that called ``os._exit(0)``)
+        is a crash whatever its code."""
+        if worker.notices is None:
+            return True  # it never got as far as being ready: its exit code tells
+        notices, worker.notices = worker.notices, None
+        return any("stopped" in said for said in read_announcements(notices))
+
     def close(self) -> None:
         if self._closed:
             return
@@ -326,6 +353,10 @@ class LocalCluster:
         self._stopping.set()
         with self._lock:
             self._finalizer()
+            for worker in self.workers.values():
+                if worker.notices is not None:
+                    os.close(worker.notices)
+                    worker.notices = None
 
     def __enter__(self) -> LocalCluster:
         return self

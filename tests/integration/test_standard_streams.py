@@ -164,3 +164,20 @@ def test_a_pool_restarts_a_worker_whose_task_exits_the_process_with_code_0(
     finally:
         code = _stop(pool)
     assert code == 0
+
+
+def test_a_local_cluster_restarts_a_worker_whose_task_exits_the_process_with_code_0(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "exited-once"
+
+    def exit_once(path: str) -> str:
+        if not os.path.exists(path):
+            open(path, "w").close()
+            os._exit(0)
+        return "ran"
+
+    with LocalCluster(workers=[{"name": "only"}]) as cluster, Client(cluster) as client:
+        assert client.submit(exit_once, str(marker)).result(timeout=60) == "ran"
+        assert marker.exists()
+        assert cluster.workers["only"].restarts == 1
