@@ -18,6 +18,7 @@ import tornado.web
 from apportion.scheduler import dashboard
 from apportion.scheduler.http_auth import AuthenticatedHandler
 from apportion.scheduler.http_auth import authorized as bearer_authorized
+from apportion.scheduler.http_security import page_policy
 from apportion.scheduler.metrics import CONTENT_TYPE, exposition, scheduler_registry
 from tornado.iostream import StreamClosedError
 
@@ -81,7 +82,9 @@ def observability_routes(scheduler: SchedulerShell) -> list[tuple[str, Any]]:
                 self.write(LOGIN_PAGE.format(message="Enter the cluster's token to continue."))
                 return
             data = dashboard.view(scheduler.state, scheduler.state.events, scheduler.address)
-            self.write(dashboard.render_page(data))
+            page = dashboard.render_page(data)
+            self.set_header("Content-Security-Policy", page_policy(page))
+            self.write(page)
 
         def post(self) -> None:  # the login form
             self._sign_in(self.get_body_argument("token", ""))

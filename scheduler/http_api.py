@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import tornado.web
 from apportion.scheduler.dashboard_routes import access_log, observability_routes
 from apportion.scheduler.http_auth import AuthenticatedHandler
+from apportion.scheduler.http_security import SecurityHeaders
 from apportion.scheduler.validation import check_retire
 
 from apportion.protocol import Message, ProtocolError
@@ -62,7 +63,7 @@ def status_app(scheduler: SchedulerShell) -> tornado.web.Application:
             self.set_header("Content-Type", "application/json")
             self.write(json.dumps(body))
 
-    return tornado.web.Application(
+    app = tornado.web.Application(
         [
             (r"/health", Health),
             (r"/api/v1/info", Info),
@@ -73,6 +74,8 @@ def status_app(scheduler: SchedulerShell) -> tornado.web.Application:
         token=scheduler.token,
         log_function=access_log,
     )
+    app.add_transform(SecurityHeaders)
+    return app
 
 
 def retire_message(body: bytes) -> Message:

@@ -92,6 +92,7 @@ class Scheduler:
             # Imported here: tornado.web adds ~35 ms to a start that does not serve HTTP.
             from apportion.scheduler.events import EventLog
             from apportion.scheduler.http_api import status_app
+            from apportion.scheduler.http_security import server_limits
             from tornado.httpserver import HTTPServer
 
             self.state.events = EventLog()  # someone can look: record for the dashboard
@@ -99,7 +100,9 @@ class Scheduler:
             from apportion.protocol import tls
 
             # With comm.tls.* the HTTP API is mutual TLS too (None: plain HTTP).
-            self._http = HTTPServer(status_app(self), ssl_options=tls.server_context())
+            self._http = HTTPServer(
+                status_app(self), ssl_options=tls.server_context(), **server_limits()
+            )
             self._http.add_sockets(sockets)
             self.http_port = sockets[0].getsockname()[1]
         self._periodic = [
