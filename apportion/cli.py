@@ -22,6 +22,7 @@ from apportion.process import (
     after_exit,
     keep_standard_streams_open,
     read_announcements,
+    said_it_stopped,
     serve,
     setup_logging,
 )
@@ -290,7 +291,7 @@ def _supervise(nworkers: int, name: str | None) -> None:
             if restart_at[i] is None:
                 # It exited: its end of the pipe is closed, so this read returns.
                 said = read_announcements(announcements[i])
-                decision = after_exit(child.returncode, any("stopped" in s for s in said))
+                decision = after_exit(child.returncode, said_it_stopped(said))
                 if decision == "done":
                     logger.info("worker %s stopped", names[i])
                     running.discard(i)

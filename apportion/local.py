@@ -20,7 +20,13 @@ from typing import Any
 from apportion import config
 from apportion.auth import TOKEN_ENV, generate_token
 from apportion.backoff import RestartBackoff
-from apportion.process import LOG_LEVEL_ENV, PARENT_PID_ENV, after_exit, read_announcements
+from apportion.process import (
+    LOG_LEVEL_ENV,
+    PARENT_PID_ENV,
+    after_exit,
+    read_announcements,
+    said_it_stopped,
+)
 from apportion.protocol.comm import parse_address
 from apportion.protocol.frames import PROTOCOL_VERSION, ProtocolError, decode, encode
 from apportion.protocol.reader import FrameReader
@@ -343,7 +349,7 @@ class LocalCluster:
         if worker.notices is None:
             return True  # it never got as far as being ready: its exit code tells
         notices, worker.notices = worker.notices, None
-        return any("stopped" in said for said in read_announcements(notices))
+        return said_it_stopped(read_announcements(notices))
 
     def close(self) -> None:
         if self._closed:

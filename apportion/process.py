@@ -134,6 +134,11 @@ def startup_failure(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def said_it_stopped(announcements: list[dict[str, Any]]) -> bool:
+    """Whether a child's announcements (``read_announcements``) include its stop notice."""
+    return any("stopped" in said for said in announcements)
+
+
 def after_exit(returncode: int, stopped_on_purpose: bool = True) -> str:
     """What a supervisor does when a server process exits: ``"done"`` (it stopped on
     purpose), ``"stop"`` (it cannot start: restarting would fail the same way, so give up
