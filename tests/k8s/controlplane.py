@@ -315,6 +315,38 @@ class Cluster:
         """Polls condition until truthy (see procs.wait_for); no fixed sleeps in tests."""
         return procs.wait_for(condition, timeout, what)
 
+    def diagnosis(self, namespace: str, lines: int = 15) -> str:
+        """What a timed-out wait in namespace should show: its pods (phase, deletion, node),
+        its last Events, the test kubelet's last lines about it and each pod's last log
+        lines (the reason a pod never became ready is often only there)."""
+        parts: list[str] = []
+        try:
+            pods = self.client.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+            events = self.client.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+        except Exception as err:  # a diagnosis must never hide the failure it explains
+            return f"(no diagnosis: {err})"
+        for pod in pods:
+            meta, status = pod["metadata"], pod.get("status", {})
+            deleting = meta.get("deletionTimestamp")
+            parts.append(
+                f"pod {meta['name']}: {status.get('phase')} on {pod['spec'].get('nodeName')}"
+                + (f", deleting since {deleting}" if deleting else "")
+            )
+            folder = self.pods_dir / namespace / meta["name"] / meta["uid"]
+            for log_path in sorted(folder.glob("*.log")):
+                parts += [
+                    f"  {log_path.stem} | {line}" for line in _tail(log_path, lines).splitlines()
+                ]
+        events.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        parts += [
+            f"event {e.get('reason')} {e['involvedObject'].get('name')}: {e.get('message')}"
+            for e in events[-lines:]
+        ]
+        kubelet_log = _tail(self.log_dir / "kubelet.log", 100_000).splitlines()
+        kubelet_lines = [line for line in kubelet_log if f"{namespace}/" in line]
+        parts += [f"kubelet | {line}" for line in kubelet_lines[-lines:]]
+        return "\n".join(parts)
+
     def wait_nodes_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
         def all_ready() -> bool:
             self._check_alive()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from . import procs
 from .controlplane import REPO_ROOT, Cluster
 
 CRD_FILE = REPO_ROOT / "crds" / "resourceclusters.apportion.dev.yaml"
@@ -65,7 +66,12 @@ class Deployment:
         )
 
     def wait(self, condition: Any, what: str, timeout: float = 120) -> Any:
-        return self.k8s.wait_for(condition, what, timeout=timeout)
+        """Waits for condition; a timeout says what the namespace's pods, Events and the
+        kubelet were doing, not only that it timed out."""
+        try:
+            return self.k8s.wait_for(condition, what, timeout=timeout)
+        except procs.Timeout as err:
+            raise procs.Timeout(f"{err}\n{self.k8s.diagnosis(self.namespace)}") from None
 
     def wait_running(self, name: str, groups: dict[str, int]) -> Obj:
         def ready() -> Obj | None:

@@ -16,7 +16,10 @@ import pytest
 import yaml
 
 from . import paths, procs
+from .api import Client, Credentials
 from .controlplane import Cluster
+from .kubelet.__main__ import Kubelet
+from .kubelet.runner import PodRunner
 from .kubelet.runtime import POD_DIR_LABEL, podman_env
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]
@@ -141,6 +144,12 @@ def test_failing_pod_is_failed_with_its_exit_code(k8s_cluster: Cluster, k8s_name
     state = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert state["exitCode"] == 3
     assert k8s_cluster.pod_log("fails", k8s_namespace) == "bye\n"
+    # What a timed-out wait prints: the pod, its phase and node, its last log lines, and
+    # what the kubelet said about it.
+    diagnosis = k8s_cluster.diagnosis(k8s_namespace)
+    assert f"pod fails: Failed on {done['spec']['nodeName']}" in diagnosis
+    assert "main | bye" in diagnosis
+    assert "kubelet | " in diagnosis and f"{k8s_namespace}/fails" in diagnosis
 
 
 def test_deployment_pods_run_and_are_garbage_collected(
@@ -641,3 +650,39 @@ def container_pid(cluster: Cluster, pod: str, namespace: str = "default") -> int
     container_id = found["status"]["containerStatuses"][0]["containerID"]
     assert container_id.startswith("podman://"), container_id
     return int(podman("inspect", "--format", "{{.State.Pid}}", container_id.split("//")[1]))
+
+
+class _FlakyDeletes(Client):
+    """The API client of a kubelet whose first pod deletions time out, as they do on a
+    loaded machine (the API server answers after the client has given up)."""
+
+    def __init__(self, creds: Credentials, failures: int) -> None:
+        super().__init__(creds)
+        self.failures = failures
+
+    def delete(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        if "/pods/" in path and self.failures > 0:
+            self.failures -= 1
+            raise TimeoutError("timed out")
+        return super().delete(path, body)
+
+
+def test_a_deleted_pod_is_removed_even_when_the_api_server_times_out(
+    k8s_cluster: Cluster, k8s_namespace: str, tmp_path: Path
+) -> None:
+    # A pod bound to a node the cluster's own kubelet does not keep, run by a runner of a
+    # kubelet made here (pods as processes), whose API client times out twice on delete.
+    client = _FlakyDeletes(Credentials.from_kubeconfig(k8s_cluster.kubeconfig), failures=2)
+    kubelet = Kubelet(client, tmp_path, api_port=1, ip_octet=250, ca=tmp_path, containers=False)
+    pod = pod_manifest("slow-api", "import time; time.sleep(600)")
+    pod["spec"].update(nodeName="a-node-of-this-test", automountServiceAccountToken=False)
+    created = k8s_cluster.client.create(f"/api/v1/namespaces/{k8s_namespace}/pods", pod)
+    runner = PodRunner(kubelet, created, "127.250.0.2")
+    runner.start()
+    procs.wait_for(lambda: runner.running_pids, POD_TIMEOUT, "the pod's process")
+    k8s_cluster.kubectl("delete", "pod", "-n", k8s_namespace, "slow-api", "--wait=false")
+    runner.update(k8s_cluster.client.get(f"/api/v1/namespaces/{k8s_namespace}/pods/slow-api"))
+    runner.join(timeout=POD_TIMEOUT)
+    assert not runner.is_alive()
+    assert client.failures == 0
+    assert k8s_cluster.get_pod("slow-api", k8s_namespace) is None

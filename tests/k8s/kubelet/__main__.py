@@ -36,6 +36,7 @@ log = logging.getLogger("kubelet")
 Obj = dict[str, Any]
 
 DNS_REFRESH_S = 0.5
+FINISH_DELETIONS_S = 5.0
 # Environment variables passed from the kubelet to pods; everything else comes from the spec.
 PASSTHROUGH_ENV = (
     "HOME",
@@ -228,6 +229,23 @@ class Kubelet:
                     log.info("pod watch restarting: %s", err)
                     time.sleep(0.5)
 
+    def finish_deletions(self) -> None:
+        """Every few seconds, hands each pod of ours that is being deleted and that no runner
+        holds (its runner failed, or an event was missed) to handle(), which terminates it
+        and removes the object: a deleted pod never stays Terminating for good."""
+        while not self.stopping.wait(FINISH_DELETIONS_S):
+            try:
+                pods = self.client.get("/api/v1/pods")["items"]
+            except (ApiError, OSError) as err:
+                log.warning("listing pods being deleted failed: %s", err)
+                continue
+            for pod in pods:
+                if pod["metadata"].get("deletionTimestamp"):
+                    with self.lock:
+                        held = pod["metadata"]["uid"] in self.runners
+                    if not held:
+                        self.handle("MODIFIED", pod)
+
     def refresh_dns(self) -> None:
         """Rewrites each running pod's hosts file when Services or endpoints changed.
         Written in place (same inode), so the bind mount inside the pod sees it."""
@@ -307,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         kubelet.pod_ip,
     )
     keeper.register()
-    for target in (keeper.run, kubelet.watch_pods, kubelet.refresh_dns):
+    for target in (keeper.run, kubelet.watch_pods, kubelet.refresh_dns, kubelet.finish_deletions):
         threading.Thread(target=target, name=target.__name__, daemon=True).start()
     log.info(
         "test kubelet up: pods as %s, nodes %s, pod IPs 127.%d.x.y, private /etc/hosts: %s, "

@@ -25,6 +25,7 @@ Obj = dict[str, Any]
 
 TICK_S = 0.2
 MAX_BACKOFF_S = 10.0
+REMOVE_RETRY_S = 120.0  # how long a deleted pod's object removal is retried
 
 
 class Context(Protocol):
@@ -143,8 +144,12 @@ class PodRunner(threading.Thread):
         try:
             self._live()
         except Exception:
+            # A slow API server or podman (a timeout under load) must not leave a pod that
+            # is being deleted stuck Terminating: stop what runs, then still let it go.
             log.exception("pod %s/%s: runner failed", self.namespace, self.pod_name)
             self._kill_all(0.0)
+            if self.pod["metadata"].get("deletionTimestamp") and not self.removed:
+                self._remove_object()
         finally:
             if self.token is not None:
                 self.token.remove()
@@ -329,7 +334,10 @@ class PodRunner(threading.Thread):
         c.state = {"terminated": terminated}
         c.started = None
         c.ready = False
-        self.ctx.runtime.remove(c.name_in_runtime)
+        try:
+            self.ctx.runtime.remove(c.name_in_runtime)
+        except (OSError, subprocess.SubprocessError) as err:  # podman slow under load
+            log.warning("pod %s/%s: removing %s: %s", self.namespace, self.pod_name, c.name, err)
         (self.dir / f"{c.name}.pid").unlink(missing_ok=True)
         log.info("pod %s/%s: %s exited with %d", self.namespace, self.pod_name, c.name, code)
 
@@ -372,21 +380,31 @@ class PodRunner(threading.Thread):
 
     def _kill_all(self, grace: float) -> None:
         """SIGTERM every running process group, SIGKILL whatever outlives grace seconds."""
-        runtime = self.ctx.runtime
         running = [
             (c, c.proc) for c in [*self.init_containers, *self.containers] if c.proc is not None
         ]
         for c, proc in running:
-            runtime.signal(c.name_in_runtime, proc, signal.SIGTERM)
+            self._signal(c, proc, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(p.poll() is None for _, p in running):
             time.sleep(0.05)
         for c, proc in running:
             if proc.poll() is None:
-                runtime.signal(c.name_in_runtime, proc, signal.SIGKILL)
+                self._signal(c, proc, signal.SIGKILL)
             procs.signal_group(proc.pid, signal.SIGKILL)  # whatever the process left behind
             self._reaped(c, proc.wait())
             c.done = True
+
+    def _signal(self, c: Container, proc: subprocess.Popen[bytes], sig: int) -> None:
+        """Signals a container; a runtime that fails or hangs (podman under load) falls back
+        to signalling the process group it started, so termination always goes on."""
+        try:
+            self.ctx.runtime.signal(c.name_in_runtime, proc, sig)
+        except (OSError, subprocess.SubprocessError) as err:
+            log.warning(
+                "pod %s/%s: %s: signal %d: %s", self.namespace, self.pod_name, c.name, sig, err
+            )
+            procs.signal_group(proc.pid, sig)
 
     def _terminate_gracefully(self) -> None:
         with self.lock:
@@ -402,13 +420,34 @@ class PodRunner(threading.Thread):
                 }
             c.done = True
         self._report()
-        # The kubelet's last word: remove the object now that nothing runs any more.
+        self._remove_object()
+
+    def _remove_object(self) -> None:
+        """The kubelet's last word: removes the pod object now that nothing runs any more,
+        retrying while the API server fails or is slow to answer."""
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}}
-        try:
-            self.ctx.client.delete(pod_path(self.namespace, self.pod_name), body)
-        except ApiError as err:
-            if err.status != 409:  # 409: a new pod of the same name; ours is gone already
-                raise
+        deadline = time.monotonic() + REMOVE_RETRY_S
+        delay = 0.2
+        while True:
+            try:
+                self.ctx.client.delete(pod_path(self.namespace, self.pod_name), body)
+                return
+            except ApiError as err:
+                if err.status in (404, 409):  # gone, or a new pod of the same name: ours is gone
+                    return
+                failure: Exception = err
+            except OSError as err:  # a timeout or a refused connection
+                failure = err
+            if self.shutdown or time.monotonic() > deadline:
+                raise failure
+            log.warning(
+                "pod %s/%s: removing the object: %s; retrying",
+                self.namespace,
+                self.pod_name,
+                failure,
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     # ----- status ---------------------------------------------------------------------------
 
@@ -479,6 +518,8 @@ class PodRunner(threading.Thread):
                 log.warning(
                     "pod %s/%s: status update failed: %s", self.namespace, self.pod_name, err
                 )
+        except OSError as err:  # a slow API server: the next tick reports again
+            log.warning("pod %s/%s: status update failed: %s", self.namespace, self.pod_name, err)
 
     @property
     def running_pids(self) -> list[int]:
