@@ -148,14 +148,26 @@ class KubeCluster:
         # The scheduler's ports on 127.0.0.1, through the Kubernetes API (port_forward.py).
         self._forwarded: dict[str, Forwarder] = {}
         self._scheme = "tcp"  # the scheduler's, also through a forwarded port
-        self._wait(self._all_connected, "all workers connected")
-        self.token = self._read_token()
-        if str(self.status.get("schedulerAddress", "")).startswith("tls://"):
-            self._scheme = "tls"
-            self._use_tls()
-        if port_forward:
-            self.forward_ports()
-            print(f"{self!r}: dashboard at {self.dashboard_link}")
+        try:
+            self._wait(self._all_connected, "all workers connected")
+            self.token = self._read_token()
+            if str(self.status.get("schedulerAddress", "")).startswith("tls://"):
+                self._scheme = "tls"
+                self._use_tls()
+            if port_forward:
+                self.forward_ports()
+                print(f"{self!r}: dashboard at {self.dashboard_link}")
+        except BaseException as exc:
+            # A cluster this call created and could not start (an invalid spec, a timeout,
+            # Ctrl-C) is removed, so that the same call can simply be made again.
+            if create:
+                with contextlib.suppress(Exception):  # the cause matters more than this
+                    self.close()
+                exc.add_note(
+                    f"ResourceCluster {namespace}/{name} was deleted again: fix the cause "
+                    "and make the same call"
+                )
+            raise
 
     def forward_ports(self, local_ports: dict[str, int] | None = None) -> None:
         """Reach the scheduler (``"scheduler"``) and its dashboard (``"dashboard"``) from

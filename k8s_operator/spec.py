@@ -85,6 +85,7 @@ class ClusterSpec:
     resource_map: dict[str, str]
     groups: list[GroupSpec]
     image_pull_secrets: tuple[str, ...] = ()
+    priority_class_name: str = ""  # the operator's default, for pods whose template names none
     tls: bool = False
     # The Secret (ca.crt, tls.crt, tls.key) the user names; None: the operator makes one.
     tls_secret_name: str | None = None
@@ -224,6 +225,7 @@ class Defaults:
     image: str = DEFAULT_IMAGE
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
+    priority_class_name: str = ""  # for pods whose template names no PriorityClass
 
 
 def _template_problems(where: str, template: Any) -> list[str]:
@@ -248,9 +250,19 @@ def _template_problems(where: str, template: Any) -> list[str]:
                 problems.append(
                     f"{where}.spec.containers[{i}].env[{j}] has no name: {dict(entry)!r}"
                 )
-        limits = (container.get("resources") or {}).get("limits") or {}
-        if not isinstance(limits, Mapping):
-            problems.append(f"{where}.spec.containers[{i}].resources.limits must be a map")
+        resources = container.get("resources") or {}
+        for kind in ("limits", "requests"):
+            amounts = resources.get(kind) or {}
+            if not isinstance(amounts, Mapping):
+                problems.append(f"{where}.spec.containers[{i}].resources.{kind} must be a map")
+                continue
+            for resource, amount in amounts.items():
+                try:
+                    parse_quantity(amount)
+                except InvalidSpec as exc:
+                    problems.append(
+                        f"{where}.spec.containers[{i}].resources.{kind}.{resource}: {exc}"
+                    )
     return problems
 
 
@@ -323,4 +335,5 @@ def parse(
         groups=groups,
         tls=bool(tls.get("enabled")),
         tls_secret_name=tls.get("secretName") or None,
+        priority_class_name=defaults.priority_class_name,
     )

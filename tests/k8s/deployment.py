@@ -18,6 +18,7 @@ from .controlplane import REPO_ROOT, Cluster
 
 CRD_FILE = REPO_ROOT / "crds" / "resourceclusters.apportion.dev.yaml"
 CHART = REPO_ROOT / "charts" / "apportion"
+DEFAULT_SCHEDULER_PORTS = (8786, 8787)  # a ResourceCluster's scheduler.port and httpPort
 
 Obj = dict[str, Any]
 
@@ -89,6 +90,11 @@ class Deployment:
 
 @contextmanager
 def deploy_operator(k8s_cluster: Cluster) -> Iterator[Deployment]:
+    # Scheduler pods listen on the host's addresses (0.0.0.0), on the chart's default ports
+    # unless a test names its own.
+    procs.require_free_ports(
+        DEFAULT_SCHEDULER_PORTS, "the operator tests' scheduler pods listen there"
+    )
     suffix = uuid.uuid4().hex[:5]
     system, target, release = f"apportion-system-{suffix}", f"pipelines-{suffix}", f"op-{suffix}"
     for namespace in (system, target):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,6 +45,30 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def port_holder(port: int) -> str | None:
+    """Who listens on TCP port `port` on any local address ("pid 123 (python)", or the
+    socket's line where the process cannot be seen), or None when nobody does."""
+    found = subprocess.run(
+        ["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True, check=False
+    )
+    lines = [line for line in found.stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    users = re.findall(r'\("([^"]+)",pid=(\d+)', lines[0])
+    if users:
+        return ", ".join(f"pid {pid} ({name})" for name, pid in users)
+    return f"a process this user cannot see ({' '.join(lines[0].split())})"
+
+
+def require_free_ports(ports: Sequence[int], why: str) -> None:
+    """Fails at once, naming the holder, when one of ports is taken: otherwise a pod that
+    cannot listen there makes a test time out minutes later with no reason shown."""
+    taken = [(port, holder) for port in ports if (holder := port_holder(port)) is not None]
+    if taken:
+        named = "; ".join(f"port {port} is held by {holder}" for port, holder in taken)
+        raise RuntimeError(f"{named}: {why}. Stop it (or another test cluster) and run again")
 
 
 def start(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import textwrap
 from pathlib import Path
@@ -686,3 +687,13 @@ def test_a_deleted_pod_is_removed_even_when_the_api_server_times_out(
     assert not runner.is_alive()
     assert client.failures == 0
     assert k8s_cluster.get_pod("slow-api", k8s_namespace) is None
+
+
+def test_a_taken_port_is_named_with_its_holder_before_anything_starts() -> None:
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(RuntimeError, match=rf"port {port} is held by pid {os.getpid()} "):
+            procs.require_free_ports([port], "pods listen there")
+    procs.require_free_ports([port], "pods listen there")  # free again: no error

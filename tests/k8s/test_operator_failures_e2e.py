@@ -204,6 +204,26 @@ def test_a_spec_the_api_server_refuses_builds_nothing_and_says_why_once(
     deployed.kubectl("delete", "resourcecluster", "refused", "--wait=true")
 
 
+def test_a_bad_quantity_in_the_scheduler_template_is_invalid_and_builds_nothing(
+    deployed: Deployment,
+) -> None:
+    # A string the CRD's schema lets through; the operator names it, as for worker templates.
+    limits = {"limits": {"memory": "lots"}}
+    template = {"spec": {"containers": [{"name": "scheduler", "resources": limits}]}}
+    groups = [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}]
+    apply(deployed, resource_cluster("lots", 10896, groups, scheduler={"template": template}))
+    valid = refusal(deployed, "lots")
+    assert valid["reason"] == "InvalidSpec", valid
+    assert "scheduler.template" in valid["message"], valid
+    assert "'lots' is not a Kubernetes quantity" in valid["message"], valid
+    assert deployed.status("lots")["phase"] == "Invalid"
+    out = deployed.kubectl(
+        "get", "pods,services,deployments", "-l", "app.kubernetes.io/instance=lots", "-o", "json"
+    )
+    assert json.loads(out.stdout)["items"] == [], "nothing half-built"
+    deployed.kubectl("delete", "resourcecluster", "lots", "--wait=true")
+
+
 def _operator_role(deployed: Deployment) -> Obj:
     roles = json.loads(deployed.kubectl("get", "roles", "-o", "json").stdout)["items"]
     (role,) = [r for r in roles if any("deployments" in rule["resources"] for rule in r["rules"])]
@@ -362,6 +382,22 @@ def test_kubecluster_errors_are_plain_and_it_follows_a_restarted_scheduler(
             worker_groups=[{"name": "Bad_Name", "replicas": 1}],
         )
     assert "HTTP response headers" not in str(refused.value) and refused.value.status == 422
+
+    # Accepted by the API server, invalid to the operator: the call fails, and leaves
+    # nothing behind, so the same call made again fails for the same reason.
+    memory = {"limits": {"memory": "lots"}}
+    template = {"spec": {"containers": [{"name": "scheduler", "resources": memory}]}}
+    for _attempt in range(2):
+        with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+            KubeCluster(
+                "badlimit",
+                deployed.namespace,
+                kubeconfig=kubeconfig,
+                timeout=120,
+                worker_groups=[{"name": "cpu", "replicas": 1, "resources": {"process": 1}}],
+                scheduler={"port": 11196, "httpPort": 11197, "template": template},
+            )
+        deployed.wait(lambda: deployed.rc("badlimit") is None, "badlimit deleted")
 
     cluster = KubeCluster(
         "mover",

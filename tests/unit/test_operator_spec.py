@@ -453,6 +453,19 @@ def test_a_malformed_template_limit_is_rejected() -> None:
         parse_group(template=worker_template({"memory": "lots"}))
 
 
+@pytest.mark.parametrize("kind", ["limits", "requests"])
+def test_a_malformed_scheduler_template_quantity_is_invalid_and_named(kind: str) -> None:
+    template = {
+        "spec": {"containers": [{"name": "scheduler", "resources": {kind: {"memory": "lots"}}}]}
+    }
+    with pytest.raises(
+        InvalidSpec,
+        match=rf"scheduler.template.spec.containers\[0\].resources.{kind}.memory: "
+        "'lots' is not a Kubernetes quantity",
+    ):
+        parse("c", "ns", {"scheduler": {"template": template}, **one_group()})
+
+
 def test_parse_does_not_mutate_its_input() -> None:
     raw = one_group(resources={"GPU": 2}, template=worker_template({"memory": "1Gi"}))
     before = repr(raw)
