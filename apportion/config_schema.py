@@ -294,6 +294,13 @@ SETTINGS: tuple[Setting, ...] = (
         legacy_env="APPORTION_OPERATOR_IMAGE_PULL_SECRETS",
     ),
     Setting(
+        "operator.priority-class-name",
+        "string",
+        "",
+        "The PriorityClass of the scheduler and worker pods of clusters whose templates name "
+        "none (empty: the cluster's default priority).",
+    ),
+    Setting(
         "operator.peering.name",
         "string",
         None,

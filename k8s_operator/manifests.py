@@ -28,6 +28,39 @@ TOKEN_KEY = "token"
 
 Manifest = dict[str, Any]
 
+# What every pod the operator makes starts from; a template's own values win, key by key.
+# A non-root user (the image's), no privilege escalation, no capabilities, the runtime's
+# seccomp profile and a read-only root filesystem with a writable /tmp: what a hardened
+# cluster (Pod Security "restricted", kube-score) asks of a pod. fsGroup lets that user read
+# the mounted Secrets (the token, the TLS certificate).
+IMAGE_USER = 10001  # the image's USER (Dockerfile)
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": IMAGE_USER,
+    "runAsGroup": IMAGE_USER,
+    "fsGroup": IMAGE_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": IMAGE_USER,
+    "runAsGroup": IMAGE_USER,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+TMP_VOLUME = {"name": "tmp", "emptyDir": {}}
+TMP_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
+# Requests so that the Kubernetes scheduler places pods by what they use; the scheduler's
+# memory limit bounds a runaway (its books are small: about 1 KiB per task). No CPU limit:
+# a throttled event loop answers heartbeats late. Workers get no memory or disk limit of
+# ours: what they hold is the user's data (declare MEMORY, or set limits in the template).
+SCHEDULER_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "250m", "memory": "256Mi", "ephemeral-storage": "256Mi"},
+    "limits": {"memory": "2Gi", "ephemeral-storage": "1Gi"},
+}
+WORKER_REQUESTS = {"memory": "512Mi", "ephemeral-storage": "256Mi"}  # cpu: one per thread
+
 
 def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
     return {
@@ -105,8 +138,17 @@ def _auth_env(spec: ClusterSpec) -> list[dict[str, Any]]:
     return [{"name": "APPORTION_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
 
 
-def _merge_pod(template: Mapping[str, Any], generated: Manifest, container_name: str) -> Manifest:
-    """Lay our pod over the user's template: their extras stay, our essentials win."""
+def _merge_pod(
+    template: Mapping[str, Any],
+    generated: Manifest,
+    container_name: str,
+    defaults: Mapping[str, Any] | None = None,
+    pod_defaults: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Lay our pod over the user's template: their extras stay, our essentials win, and
+    ``defaults`` (container fields: resources, securityContext, probes) fill in what
+    neither says. The pod's securityContext defaults to POD_SECURITY, field by field."""
+    template = _with_defaults(template, container_name, defaults or {}, pod_defaults or {})
     merged = copy.deepcopy(generated)
     meta = template.get("metadata") or {}
     merged["metadata"].setdefault("labels", {})
@@ -142,6 +184,63 @@ def _merge_pod(template: Mapping[str, Any], generated: Manifest, container_name:
     if "volumes" in generated["spec"]:
         merged["spec"]["volumes"] = _by_name(theirs.get("volumes"), generated["spec"]["volumes"])
     return merged
+
+
+def _with_defaults(
+    template: Mapping[str, Any],
+    container_name: str,
+    defaults: Mapping[str, Any],
+    pod_defaults: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The template with our defaults under its own values (maps merged one level down:
+    a template setting only ``resources.limits.cpu`` keeps the default requests)."""
+    merged = copy.deepcopy(dict(template))
+    pod = {**pod_defaults, **(merged.get("spec") or {})}
+    pod["securityContext"] = {**POD_SECURITY, **(pod.get("securityContext") or {})}
+    containers = [dict(c) for c in pod.get("containers") or []]
+    index = next(
+        (i for i, c in enumerate(containers) if c.get("name") == container_name),
+        0 if containers else None,
+    )
+    if index is None:
+        containers.append({})
+        index = 0
+    mine = containers[index]
+    for key, value in defaults.items():
+        if isinstance(value, Mapping) and key in ("resources", "securityContext"):
+            theirs = mine.get(key) or {}
+            if key == "resources":
+                # A resource the template limits gets no default request: Kubernetes
+                # takes the limit for it (a default above the limit would be refused).
+                limited = set(theirs.get("limits") or {})
+                requests = {k: v for k, v in value.get("requests", {}).items() if k not in limited}
+                mine[key] = {
+                    kind: {**defaults_of_kind, **(theirs.get(kind) or {})}
+                    for kind, defaults_of_kind in (
+                        ("requests", requests),
+                        ("limits", dict(value.get("limits", {}))),
+                    )
+                    if defaults_of_kind or theirs.get(kind)
+                }
+            else:
+                mine[key] = {**value, **theirs}
+        else:
+            mine.setdefault(key, copy.deepcopy(value))
+    containers[index] = mine
+    pod["containers"] = containers
+    merged["spec"] = pod
+    return merged
+
+
+def _pod_defaults(spec: ClusterSpec) -> dict[str, Any]:
+    """Pod fields the operator's settings give pods whose template says nothing of them."""
+    return {"priorityClassName": spec.priority_class_name} if spec.priority_class_name else {}
+
+
+def _writable_tmp(pod: Manifest, container: dict[str, Any]) -> None:
+    """A writable /tmp under the read-only root filesystem (spilled results, sockets)."""
+    pod["spec"]["volumes"] = [*pod["spec"].get("volumes", []), dict(TMP_VOLUME)]
+    container["volumeMounts"] = [*container.get("volumeMounts", []), dict(TMP_MOUNT)]
 
 
 def _by_name(theirs: list[dict[str, Any]] | None, ours: list[dict[str, Any]]) -> list[Any]:
@@ -227,7 +326,25 @@ def scheduler_deployment(spec: ClusterSpec, owner: Mapping[str, Any]) -> Manifes
         "spec": {"containers": [container], **_pull_secrets(spec)},
     }
     _with_tls(spec, pod, container, check_hostname=True)
-    pod = _merge_pod(spec.scheduler_template, pod, "scheduler")
+    _writable_tmp(pod, container)
+    liveness = {
+        **(
+            {"tcpSocket": {"port": spec.http_port}}
+            if spec.tls
+            else {"httpGet": {"path": "/health", "port": spec.http_port}}
+        ),
+        # A minute of silence, not a slow answer, restarts it: workers and clients
+        # reconnect to the new one and it rebuilds its books from them.
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 6,
+    }
+    defaults = {
+        "resources": SCHEDULER_RESOURCES,
+        "securityContext": CONTAINER_SECURITY,
+        "livenessProbe": liveness,
+    }
+    pod = _merge_pod(spec.scheduler_template, pod, "scheduler", defaults, _pod_defaults(spec))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -336,7 +453,12 @@ def worker_pod(
         "spec": {"restartPolicy": "Always", "containers": [container], **_pull_secrets(spec)},
     }
     _with_tls(spec, generated, container, check_hostname=False)  # peers are reached by IP
-    return _merge_pod(group.template, generated, "worker")
+    _writable_tmp(generated, container)
+    defaults = {
+        "resources": {"requests": {"cpu": str(group.nthreads), **WORKER_REQUESTS}},
+        "securityContext": CONTAINER_SECURITY,
+    }
+    return _merge_pod(group.template, generated, "worker", defaults, _pod_defaults(spec))
 
 
 WORKER_GROUP_KIND, WORKER_GROUP_PLURAL = "ResourceWorkerGroup", "resourceworkergroups"

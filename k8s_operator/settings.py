@@ -45,5 +45,6 @@ class OperatorSettings:
                 image=config.get("operator.image"),
                 image_pull_policy=config.get("operator.image-pull-policy"),
                 image_pull_secrets=tuple(s.strip() for s in secrets.split(",") if s.strip()),
+                priority_class_name=config.get("operator.priority-class-name") or "",
             ),
         )

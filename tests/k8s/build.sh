@@ -3,6 +3,8 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (k8s.io/kubernetes)
 #   etcd                                                              (go.etcd.io/etcd/server/v3)
 #   helm                                                              (helm.sh/helm/v3)
+# and the checking tools of tools.env (kube-score, github.com/zegl/kube-score), each in
+# ~/.cache/apportion/k8s/tools/<name>-<version>.
 # All come from the Go module proxy; no Docker, no release tarballs.
 # The result lands in ~/.cache/apportion/k8s/<KUBE_VERSION>/bin/ (override the root with
 # APPORTION_K8S_CACHE). When that folder already holds a build of the same pinned versions
@@ -12,6 +14,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
 source "$HERE/versions.env"
+# shellcheck source=tools.env
+source "$HERE/tools.env"
 
 CACHE_ROOT=${APPORTION_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/apportion/k8s}
 BIN="$CACHE_ROOT/$KUBE_VERSION/bin"
@@ -135,11 +139,26 @@ build_helm() {
         "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
+# kube-score, which the tests run on the chart and on the pods the operator makes.
+ensure_kube_score() {
+    local target="$CACHE_ROOT/tools/kube-score-$KUBE_SCORE_VERSION"
+    [[ -x "$target" ]] && return 0
+    log "go install github.com/zegl/kube-score/cmd/kube-score@$KUBE_SCORE_VERSION"
+    local tmp
+    tmp=$(mktemp -d "$CACHE_ROOT/.tools.XXXXXX")
+    GOBIN="$tmp" go install -ldflags "-s -w" \
+        "github.com/zegl/kube-score/cmd/kube-score@$KUBE_SCORE_VERSION"
+    mkdir -p "$CACHE_ROOT/tools"
+    mv -f "$tmp/kube-score" "$target"
+    rm -rf "$tmp"
+}
+
 main() {
     mkdir -p "$CACHE_ROOT"
     # One build at a time per cache (two pytest sessions may call this together).
     exec 9>"$CACHE_ROOT/.build.lock"
     flock 9
+    ensure_kube_score
     if is_warm; then
         log "up to date: $BIN"
         return 0

@@ -25,13 +25,33 @@ BINARIES = (
 
 def versions() -> dict[str, str]:
     """The KEY=value pairs of versions.env (shared with build.sh)."""
+    return _pairs(HERE / "versions.env")
+
+
+def tool_versions() -> dict[str, str]:
+    """The KEY=value pairs of tools.env (shared with build.sh)."""
+    return _pairs(HERE / "tools.env")
+
+
+def _pairs(path: Path) -> dict[str, str]:
     pairs = {}
-    for line in (HERE / "versions.env").read_text().splitlines():
+    for line in path.read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             key, _, value = line.partition("=")
             pairs[key] = value
     return pairs
+
+
+def kube_score() -> Path:
+    """The kube-score build.sh made, or BinariesMissing naming the script to run."""
+    path = cache_root() / "tools" / f"kube-score-{tool_versions()['KUBE_SCORE_VERSION']}"
+    if not os.access(path, os.X_OK):
+        raise BinariesMissing(
+            f"kube-score missing ({path}): build it with "
+            f"`bash {BUILD_SCRIPT.relative_to(HERE.parent.parent)}`"
+        )
+    return path
 
 
 def cache_root() -> Path:

@@ -292,6 +292,12 @@ def test_dockerfile_installs_the_package_and_runs_as_non_root() -> None:
 # ----- chart -------------------------------------------------------------------------------
 
 
+OPERATOR_RESOURCES = {
+    "requests": {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "64Mi"},
+    "limits": {"cpu": "1", "memory": "256Mi", "ephemeral-storage": "256Mi"},
+}
+
+
 def test_chart_metadata_and_values() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert (chart["apiVersion"], chart["name"]) == ("v2", "apportion")
@@ -301,18 +307,27 @@ def test_chart_metadata_and_values() -> None:
     assert values["operator"] == {
         "replicas": 1,
         "peeringLifetime": 20,
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "128Mi"},
-            "limits": {"memory": "256Mi"},
-        },
+        "resources": OPERATOR_RESOURCES,
         "logLevel": "INFO",
         "extraArgs": [],
+        "extraEnv": [],
+        "podAnnotations": {},
+        "podLabels": {},
+        "priorityClassName": "",
+        "volumes": [],
+        "volumeMounts": [],
         "nodeSelector": {},
         "tolerations": [],
         "affinity": {},
+        "podDisruptionBudget": {"enabled": True},
     }
+    assert values["clusterDefaults"] == {"priorityClassName": ""}
     assert values["imagePullSecrets"] == []
-    assert values["networkPolicy"] == {"enabled": False, "clientNamespaceSelector": {}}
+    assert values["networkPolicy"] == {
+        "enabled": False,
+        "namespaces": [],
+        "clientNamespaceSelector": {},
+    }
     assert values["watch"] == {"namespaces": []}
     assert values["serviceAccount"] == {"create": True, "name": ""}
     assert values["rbac"] == {"create": True}
@@ -442,10 +457,7 @@ def test_template_cluster_wide() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert probe["path"] == "/healthz"
     assert ports.get(probe["port"], probe["port"]) == 8081
-    assert container["resources"] == {
-        "requests": {"cpu": "100m", "memory": "128Mi"},
-        "limits": {"memory": "256Mi"},
-    }
+    assert container["resources"] == OPERATOR_RESOURCES
 
 
 def test_template_namespaced() -> None:
@@ -555,3 +567,73 @@ def test_the_chart_sets_the_operator_only_through_its_settings_variables() -> No
         assert config.get("operator.peering.lifetime") == 20
     finally:
         config.refresh()
+
+
+def test_two_operator_replicas_get_a_disruption_budget_and_spread_over_nodes() -> None:
+    docs = render("operator.replicas=2")
+    (budget,) = by_kind(docs, "PodDisruptionBudget")
+    (deployment,) = by_kind(docs, "Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert budget["spec"] == {"minAvailable": 1, "selector": {"matchLabels": selector}}
+    (term,) = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == selector
+    assert by_kind(render(), "PodDisruptionBudget") == []  # one replica: nothing to keep
+
+
+def test_operator_pod_extras_and_the_clusters_priority_class_come_from_values() -> None:
+    docs = render(
+        "operator.podAnnotations.team=ml",
+        "operator.priorityClassName=system-cluster-critical",
+        "operator.extraEnv[0].name=HTTPS_PROXY",
+        "operator.extraEnv[0].value=http://proxy:3128",
+        "operator.volumes[0].name=ca",
+        "operator.volumes[0].configMap.name=corp-ca",
+        "operator.volumeMounts[0].name=ca",
+        "operator.volumeMounts[0].mountPath=/etc/corp-ca",
+        "clusterDefaults.priorityClassName=apportion-high",
+    )
+    (deployment,) = by_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"team": "ml"}
+    assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["HTTPS_PROXY"] == "http://proxy:3128"
+    assert env["APPORTION_OPERATOR__PRIORITY_CLASS_NAME"] == "apportion-high"
+    assert {"name": "ca", "configMap": {"name": "corp-ca"}} in pod["spec"]["volumes"]
+    assert {"name": "ca", "mountPath": "/etc/corp-ca"} in container["volumeMounts"]
+
+
+def test_network_policies_cover_schedulers_and_workers_and_the_operator() -> None:
+    docs = render(
+        "networkPolicy.enabled=true",
+        "networkPolicy.namespaces={ml,etl}",  # a cluster-wide install names them
+        "networkPolicy.clientNamespaceSelector.matchLabels.team=true",
+    )
+    policies = {
+        (p["metadata"]["namespace"], p["metadata"]["name"]): p
+        for p in by_kind(docs, "NetworkPolicy")
+    }
+    assert set(policies) == {
+        ("ml", "rel-apportion-clusters"),
+        ("etl", "rel-apportion-clusters"),
+        ("ops", "rel-apportion-operator"),
+    }
+    clusters = policies[("ml", "rel-apportion-clusters")]["spec"]
+    # Every pod the operator makes (not only schedulers: clients fetch from workers too).
+    assert clusters["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/managed-by": "apportion-operator"}
+    }
+    clients = clusters["ingress"][0]["from"][2]["namespaceSelector"]
+    assert clients == {"matchLabels": {"team": "true"}}  # a string, as the API server wants
+    operator = policies[("ops", "rel-apportion-operator")]["spec"]
+    assert operator["ingress"] == [{"ports": [{"port": 8081, "protocol": "TCP"}]}]
+
+
+def test_network_policies_need_the_namespaces_of_the_clusters() -> None:
+    failed = helm("template", "rel", str(CHART), "--set", "networkPolicy.enabled=true")
+    assert failed.returncode != 0
+    assert "networkPolicy.namespaces" in failed.stderr

@@ -11,9 +11,14 @@ from typing import Any
 
 import pytest
 from apportion.operator.manifests import (
+    CONTAINER_SECURITY,
     HASH_ANNOTATION,
     LABEL_CLUSTER,
     LABEL_GROUP,
+    POD_SECURITY,
+    TMP_MOUNT,
+    TMP_VOLUME,
+    WORKER_REQUESTS,
     group_hash,
     labels,
     owner_reference,
@@ -25,7 +30,7 @@ from apportion.operator.manifests import (
     worker_pod,
     worker_pod_name,
 )
-from apportion.operator.spec import ClusterSpec, parse
+from apportion.operator.spec import ClusterSpec, Defaults, parse
 
 from apportion.cli import main as cli
 from apportion.resources import parse_spec
@@ -256,7 +261,11 @@ def test_scheduler_template_extras_stay_and_our_essentials_win() -> None:
     c = container(pod, "scheduler")
     assert c["image"] == "apportion:0.1.0"
     assert c["command"] == ["apportion"]
-    assert c["resources"] == {"requests": {"cpu": "2"}}
+    # Their request stays; our defaults fill in what the template does not say.
+    assert c["resources"] == {
+        "requests": {"cpu": "2", "memory": "256Mi", "ephemeral-storage": "256Mi"},
+        "limits": {"memory": "2Gi", "ephemeral-storage": "1Gi"},
+    }
     # The Deployment's own metadata does not take the template's labels.
     assert "team" not in deployment["metadata"]["labels"]
 
@@ -412,7 +421,8 @@ def test_mapped_resources_are_both_requests_and_limits(
     resources: dict[str, float], limits: dict[str, str]
 ) -> None:
     c = container(pod_of({"resources": resources}), "worker")
-    assert c["resources"] == {"requests": limits, "limits": limits}
+    assert c["resources"]["limits"] == limits
+    assert {k: c["resources"]["requests"][k] for k in limits} == limits
     for amount in c["resources"]["limits"].values():
         assert isinstance(amount, str)
 
@@ -423,9 +433,9 @@ def test_gpu_amounts_are_integer_strings_in_requests_and_limits() -> None:
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
 
 
-def test_unmapped_resources_set_no_container_resources() -> None:
-    c = container(pod_of({"resources": {"process": 1, "license": 2}}), "worker")
-    assert "resources" not in c
+def test_unmapped_resources_set_only_the_default_requests() -> None:
+    c = container(pod_of({"resources": {"process": 1, "license": 2}, "nthreads": 3}), "worker")
+    assert c["resources"] == {"requests": {"cpu": "3", **WORKER_REQUESTS}}
 
 
 def test_worker_pod_carries_the_group_hash_annotation() -> None:
@@ -491,7 +501,7 @@ def test_template_pod_spec_fields_stay(merged_pod: dict[str, Any]) -> None:
     assert spec["nodeSelector"] == {"accelerator": "a100"}
     assert spec["tolerations"] == FULL_TEMPLATE["spec"]["tolerations"]
     assert spec["priorityClassName"] == "high"
-    assert spec["volumes"] == [{"name": "scratch", "emptyDir": {}}]
+    assert spec["volumes"] == [{"name": "scratch", "emptyDir": {}}, TMP_VOLUME]
     assert spec["restartPolicy"] == "Always"
 
 
@@ -517,13 +527,13 @@ def test_our_command_image_and_essential_env_win(merged_pod: dict[str, Any]) -> 
 def test_other_container_fields_of_the_template_stay(merged_pod: dict[str, Any]) -> None:
     c = container(merged_pod, "worker")
     assert c["workingDir"] == "/data"
-    assert c["volumeMounts"] == [{"name": "scratch", "mountPath": "/scratch"}]
+    assert c["volumeMounts"] == [{"name": "scratch", "mountPath": "/scratch"}, TMP_MOUNT]
 
 
 def test_our_resources_win_and_other_resources_stay(merged_pod: dict[str, Any]) -> None:
     c = container(merged_pod, "worker")
     assert c["resources"] == {
-        "requests": {"cpu": "2", "nvidia.com/gpu": "2"},
+        "requests": {"cpu": "2", "nvidia.com/gpu": "2", **WORKER_REQUESTS},
         "limits": {"cpu": "4", "nvidia.com/gpu": "2"},
     }
 
@@ -638,3 +648,74 @@ def test_group_hash_does_not_depend_on_key_order() -> None:
     a = _with("workerGroups.0.resources", {"GPU": 1, "process": 1})
     b = _with("workerGroups.0.resources", {"process": 1, "GPU": 1})
     assert _hash(a) == _hash(b)
+
+
+# ----- production defaults: a template's own values win ------------------------------------
+
+
+def test_every_pod_runs_hardened_by_default() -> None:
+    spec = SPECS["gpu-group"]
+    scheduler_pod = scheduler_deployment(spec, OWNER)["spec"]["template"]
+    for pod, name in ((scheduler_pod, "scheduler"), (pod_of(), "worker")):
+        assert pod["spec"]["securityContext"] == POD_SECURITY
+        c = container(pod, name)
+        assert c["securityContext"] == CONTAINER_SECURITY
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert TMP_MOUNT in c["volumeMounts"] and TMP_VOLUME in pod["spec"]["volumes"]
+
+
+def test_the_scheduler_has_requests_a_memory_limit_and_a_liveness_probe() -> None:
+    c = container(scheduler_deployment(SPECS["gpu-group"], OWNER)["spec"]["template"], "scheduler")
+    assert set(c["resources"]["requests"]) == {"cpu", "memory", "ephemeral-storage"}
+    assert set(c["resources"]["limits"]) == {"memory", "ephemeral-storage"}  # no CPU throttling
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert c["livenessProbe"]["periodSeconds"] * c["livenessProbe"]["failureThreshold"] >= 60
+
+
+def test_template_values_win_over_the_defaults_field_by_field() -> None:
+    template = {
+        "spec": {
+            "securityContext": {"runAsUser": 20000},
+            "containers": [
+                {
+                    "name": "worker",
+                    "securityContext": {"readOnlyRootFilesystem": False},
+                    "resources": {"limits": {"memory": "256Mi", "cpu": "500m"}},
+                }
+            ],
+        }
+    }
+    pod = pod_of({"template": template, "nthreads": 2})
+    assert pod["spec"]["securityContext"] == {**POD_SECURITY, "runAsUser": 20000}
+    c = container(pod, "worker")
+    assert c["securityContext"] == {**CONTAINER_SECURITY, "readOnlyRootFilesystem": False}
+    # No default request above a limit the template sets (the API server would refuse it).
+    assert c["resources"] == {
+        "requests": {"ephemeral-storage": "256Mi"},
+        "limits": {"memory": "256Mi", "cpu": "500m"},
+    }
+
+
+def test_a_template_liveness_probe_replaces_the_default() -> None:
+    probe = {"exec": {"command": ["true"]}, "periodSeconds": 30}
+    template = {"spec": {"containers": [{"name": "scheduler", "livenessProbe": probe}]}}
+    spec = one_group(None, scheduler={"template": template})
+    c = container(scheduler_deployment(spec, OWNER)["spec"]["template"], "scheduler")
+    assert c["livenessProbe"] == probe
+
+
+def test_the_operators_priority_class_is_a_default_a_template_overrides() -> None:
+    defaults = Defaults(priority_class_name="apportion-high")
+    plain = parse("c", "ns", {"workerGroups": [{"name": "cpu"}]}, defaults)
+    assert worker_pod(plain, plain.groups[0], 0, OWNER)["spec"]["priorityClassName"] == (
+        "apportion-high"
+    )
+    scheduler = scheduler_deployment(plain, OWNER)["spec"]["template"]["spec"]
+    assert scheduler["priorityClassName"] == "apportion-high"
+    template = {"spec": {"priorityClassName": "batch"}}
+    own = parse("c", "ns", {"workerGroups": [{"name": "cpu", "template": template}]}, defaults)
+    assert worker_pod(own, own.groups[0], 0, OWNER)["spec"]["priorityClassName"] == "batch"
+    # A default is not part of what a pod was built from: changing it replaces no pod.
+    assert group_hash(plain, plain.groups[0]) == group_hash(
+        parse("c", "ns", {"workerGroups": [{"name": "cpu"}]}), plain.groups[0]
+    )

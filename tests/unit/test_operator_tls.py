@@ -97,7 +97,7 @@ def test_tls_pods_mount_the_certificate_and_speak_tls_everywhere() -> None:
     assert worker_env["APPORTION_COMM__TLS__CHECK_HOSTNAME"] == "false"  # peers by pod IP
     plain = parse("secure", "ml", {"workerGroups": [{"name": "cpu", "replicas": 1}]})
     plain_pod = worker_pod(plain, plain.groups[0], 0, OWNER)
-    assert "volumes" not in plain_pod["spec"]
+    assert [v["name"] for v in plain_pod["spec"]["volumes"]] == ["tmp"]  # no certificate
     assert worker["metadata"]["annotations"] != plain_pod["metadata"]["annotations"]
 
 

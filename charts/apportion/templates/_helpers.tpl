@@ -73,3 +73,20 @@ helm.sh/chart: {{ include "apportion.chart" . }}
   resources: ["customresourcedefinitions"]
   verbs: ["get", "list", "watch"]
 {{- end }}
+
+{{/*
+A label selector ({matchLabels, matchExpressions}) with every label value a string, as the
+API server wants: `--set ...matchLabels.team=true` gives YAML's boolean otherwise.
+*/}}
+{{- define "apportion.labelSelector" -}}
+{{- with .matchLabels }}
+matchLabels:
+  {{- range $key, $value := . }}
+  {{ $key }}: {{ $value | toString | quote }}
+  {{- end }}
+{{- end }}
+{{- with .matchExpressions }}
+matchExpressions:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
