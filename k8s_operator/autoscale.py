@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apportion.operator.manifests import LABEL_GROUP
+from apportion.operator.pod_state import unschedulable
 from apportion.operator.spec import ClusterSpec
 
 from apportion.resources import format_resources
@@ -49,6 +50,8 @@ class GroupView:
     connected: Mapping[str, float | None] = field(default_factory=dict)
     # Pods of the group not connected (yet): name -> seconds since created.
     unconnected: Mapping[str, float] = field(default_factory=dict)
+    # Those of them Kubernetes reports it cannot place (no node has room).
+    unplaced: frozenset[str] = frozenset()
 
     @property
     def autoscaled(self) -> bool:
@@ -75,6 +78,8 @@ class ScaleDecision:
     # and pods that never connected.
     remove: dict[str, list[str]] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)  # group -> why its target changed
+    # group -> the pods the nodes place now, where that and not demand bounds the target
+    limited: dict[str, int] = field(default_factory=dict)
     impossible: list[tuple[Demand, str]] = field(default_factory=list)  # demand, why
 
 
@@ -164,6 +169,8 @@ def decide(groups: list[GroupView], demand: list[Demand]) -> ScaleDecision:
             # Pods that did not start within the timeout (unschedulable, say) are no
             # capacity: they hold places, so demand spills on to the next group.
             room = group.max_replicas - len(group.connected) - group.stale - taken[group.name]
+            if group.unplaced:
+                room = 0  # the nodes have no room for more of these pods now
             if room <= 0:
                 continue
             slots = slots_per_pod(group, item.resources)
@@ -191,6 +198,8 @@ def _grow(group: GroupView, taken: int, tasks: int, decision: ScaleDecision) -> 
     # Pods wanted but not connected yet (starting) are already part of ``desired``.
     wanted = max(group.desired, len(group.connected) + taken)
     target = _bounded(group, wanted)
+    if group.unplaced and _limit_to_placed(group, target, decision):
+        return
     decision.targets[group.name] = target
     if target > group.desired and wanted >= target:  # not just raised to minReplicas
         # format_resources writes "-" for nothing at all.
@@ -200,6 +209,25 @@ def _grow(group: GroupView, taken: int, tasks: int, decision: ScaleDecision) -> 
         )
     elif target != group.desired:
         decision.reasons[group.name] = _bounds_reason(group)
+
+
+def _limit_to_placed(group: GroupView, target: int, decision: ScaleDecision) -> bool:
+    """Some pods of the group cannot be placed: no target above the pods the nodes hold
+    now and one pending (the cue a cluster autoscaler adds a node for, and the first to
+    start when room appears); the other unplaceable pods go. False: nothing to limit."""
+    placed = len(group.connected) + len(group.unconnected) - len(group.unplaced)
+    ceiling = max(group.min_replicas, placed + 1)
+    if target <= ceiling:
+        return False
+    surplus = min(len(group.unplaced), target - ceiling)
+    decision.targets[group.name] = target - surplus
+    decision.remove[group.name] = sorted(group.unplaced)[:surplus]
+    decision.limited[group.name] = placed
+    decision.reasons[group.name] = (
+        f"the nodes place {placed} pod(s) of {group.name} now: {len(group.unplaced)} cannot "
+        "be placed; one stays pending for capacity that appears"
+    )
+    return True
 
 
 def _shrink(group: GroupView, decision: ScaleDecision) -> None:
@@ -262,12 +290,15 @@ def observe(
         ]
         connected: dict[str, float | None] = {}
         unconnected: dict[str, float] = {}
+        unplaced = set()
         for pod in mine:
             name = pod["metadata"]["name"]
             if name in workers:
                 connected[name] = workers[name].get("idle_seconds")
             else:
                 unconnected[name] = max(0.0, now - _created(pod, now))
+                if unschedulable(pod):
+                    unplaced.add(name)
         desired = group.replicas  # fixed size
         if group.autoscaled:
             desired = previous_desired.get(group.name, len(mine))
@@ -283,6 +314,7 @@ def observe(
                 desired=desired,
                 connected=connected,
                 unconnected=unconnected,
+                unplaced=frozenset(unplaced),
             )
         )
     waiting: dict[tuple[tuple[str, float], ...], int] = {}

@@ -2,7 +2,8 @@
 
 Each step reads and fills one ``Round`` and returns whether the round goes on::
 
-    check_spec -> sync_worker_groups -> ensure_credentials -> apply_scheduler   (the spec)
+    pin_image -> check_spec -> sync_worker_groups -> ensure_credentials
+    -> apply_scheduler                                                          (the spec)
     -> observe -> decide_sizes -> retire_surplus -> decide_pods -> carry_out    (the pods)
     -> write_status
 
@@ -60,7 +61,7 @@ from apportion.operator.memo import ClusterMemo
 from apportion.operator.plan import Plan, plan
 from apportion.operator.scheduler_feed import cluster_summary, send_status
 from apportion.operator.scheduler_http import SchedulerHttp
-from apportion.operator.spec import ClusterSpec, Defaults, InvalidSpec, parse
+from apportion.operator.spec import ClusterSpec, Defaults, InvalidSpec, parse, pinned_defaults
 from apportion.operator.status import (
     compute_status,
     condition,
@@ -144,6 +145,27 @@ def snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ----- the spec ---------------------------------------------------------------------------
+
+
+def pin_image(r: Round) -> bool:
+    """The image this cluster keeps when it names none (see spec.pinned_defaults): the one
+    its status says its pods run, or, for a cluster that predates that, its pods' own."""
+    running = None
+    if not (r.previous.get("appliedSpec") or {}).get("image"):  # it ran the default until now
+        pods = r.indexes["cluster_pods"].get(r.key, ())
+        running = r.previous.get("image") or running_image(pods)
+    r.defaults = pinned_defaults(r.body["spec"], r.defaults, running)
+    return True
+
+
+def running_image(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """The image of the cluster's scheduler or worker container, if any pod runs yet."""
+    for pod in pods:
+        component = (pod["metadata"].get("labels") or {}).get(COMPONENT)
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            if container.get("name") == component and container.get("image"):
+                return str(container["image"])
+    return None
 
 
 def check_spec(r: Round) -> bool:
@@ -603,6 +625,7 @@ def _age(stamp: str) -> float:
 # ----- the round --------------------------------------------------------------------------
 
 STEPS: tuple[Step, ...] = (
+    pin_image,
     check_spec,
     sync_worker_groups,
     ensure_credentials,

@@ -8,6 +8,7 @@ mapped Kubernetes resource names that are not valid.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -226,6 +227,20 @@ class Defaults:
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
     priority_class_name: str = ""  # for pods whose template names no PriorityClass
+
+
+def pinned_defaults(
+    spec: Mapping[str, Any], defaults: Defaults, running_image: str | None
+) -> Defaults:
+    """The defaults a cluster's pods get. A cluster that names no image keeps the one its
+    pods run (``running_image``: from its status, or its pods) when the operator's default
+    changes, unless its ``imageUpdatePolicy`` is ``FollowOperator``: an operator upgrade
+    then restarts no running cluster, and new clusters get the new default at once."""
+    if spec.get("image") or spec.get("imageUpdatePolicy") == "FollowOperator":
+        return defaults
+    if not running_image:
+        return defaults
+    return dataclasses.replace(defaults, image=running_image)
 
 
 def _template_problems(where: str, template: Any) -> list[str]:

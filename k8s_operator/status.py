@@ -7,25 +7,15 @@ scheduler's ``/api/v1/info`` answer (None when unreachable) and the previous sta
 
 from __future__ import annotations
 
+__all__ = ["compute_status", "condition", "invalid_status", "pod_ready", "unschedulable"]
+
 from collections.abc import Mapping
 from typing import Any
 
 from apportion.operator.autoscale import Scaling
 from apportion.operator.manifests import HASH_ANNOTATION, LABEL_GROUP, group_hash
+from apportion.operator.pod_state import pod_ready, unschedulable
 from apportion.operator.spec import ClusterSpec, GroupSpec
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def unschedulable(pod: Mapping[str, Any]) -> str | None:
-    """Why Kubernetes cannot place a pod (e.g. '0/3 nodes ... Insufficient nvidia.com/gpu')."""
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-            return str(condition.get("message") or "unschedulable")
-    return None
 
 
 def condition(
@@ -91,6 +81,8 @@ def compute_status(
     groups: list[dict[str, Any]] = []
     desired, connected_total, all_settled = 0, 0, True
     only_scaling = True  # every group short of its target is autoscaled and can be placed
+    only_unplaced = True  # every missing worker is one whose pod Kubernetes cannot place
+    unplaced: list[str] = []  # per group: how many pods cannot be placed, and why
     for group in spec.groups:
         mine = [
             p
@@ -123,13 +115,23 @@ def compute_status(
         )
         if group.autoscaled:
             groups[-1].update(_autoscaling_status(group, previous, scaling, now))
-        stuck = sorted({why for why in map(unschedulable, mine) if why})
+        reasons = [why for why in map(unschedulable, mine) if why]
+        stuck = sorted(set(reasons))
         if stuck:
             groups[-1]["unschedulable"] = stuck
+            groups[-1]["unschedulableReplicas"] = len(reasons)
+            unplaced.append(
+                f"group {group.name}: {len(reasons)} of {group.replicas} pods cannot be placed "
+                f"({len(mine) - len(reasons)} are): {'; '.join(stuck)}"
+            )
         desired += group.replicas
         settled = len(mine) == len(updated) == group.replicas
         connected_total += min(updated_connected, group.replicas)
         all_settled = all_settled and settled
+        # Workers missing only because Kubernetes cannot place their pods: nothing was
+        # lost, the cluster runs with what fits.
+        missing = group.replicas - min(updated_connected, group.replicas)
+        only_unplaced = only_unplaced and missing <= len(reasons)
         if not settled or updated_connected < group.replicas:
             # A size being changed on purpose (by the autoscaler, or by a new replicas
             # still being carried out) is Scaling; workers lost otherwise are Degraded.
@@ -147,8 +149,8 @@ def compute_status(
     reachable = info is not None
     complete = reachable and connected_total == desired and all_settled
     was_running = previous.get("phase") in ("Running", "Degraded", "Scaling")
-    if complete:
-        phase = "Running"
+    if complete or (reachable and unplaced and only_unplaced and connected_total > 0):
+        phase = "Running"  # with Unschedulable=True when not everything fits
     elif was_running and reachable and only_scaling:
         phase = "Scaling"  # the autoscaler is adding or removing workers: nothing is wrong
     elif was_running:
@@ -174,6 +176,7 @@ def compute_status(
         "phase": phase,
         "observedGeneration": generation,
         "schedulerAddress": spec.scheduler_address,
+        "image": spec.image,  # what the pods run: kept by a cluster that names none
         "workers": f"{connected_total}/{desired}",
         "workerGroups": groups,
         "unmetDemand": _unmet(info, scaling),
@@ -183,6 +186,14 @@ def compute_status(
             if invalid is None
             else condition(previous, "Valid", False, "KeptLastValidSpec", invalid, now),
             condition(previous, "Ready", complete, reason, message, now),
+            condition(
+                previous,
+                "Unschedulable",
+                bool(unplaced),
+                "PodsUnschedulable" if unplaced else "AllPlaced",
+                " | ".join(unplaced) or "every pod is placed",
+                now,
+            ),
             condition(
                 previous,
                 "ChildrenCreated",
@@ -216,6 +227,14 @@ def _autoscaling_status(
         "maxReplicas": group.max_replicas,
         "idleTimeoutSeconds": group.idle_timeout,
     }
+    if scaling is not None and group.name in scaling.decision.limited:
+        # What the nodes hold now bounds the group, not the demand: said until it grows.
+        fields["limitedByNodes"] = {
+            "placedReplicas": scaling.decision.limited[group.name],
+            "reason": scaling.decision.reasons.get(group.name, ""),
+        }
+    elif "limitedByNodes" in old and group.replicas <= old["limitedByNodes"]["placedReplicas"] + 1:
+        fields["limitedByNodes"] = old["limitedByNodes"]
     last = old.get("lastScale")
     if scaling is not None:
         before = scaling.before.get(group.name, group.replicas)

@@ -26,10 +26,11 @@ Obj = dict[str, Any]
 class Deployment:
     """A helm-installed operator watching one namespace, and helpers on that namespace."""
 
-    def __init__(self, cluster: Cluster, namespace: str, system: str) -> None:
+    def __init__(self, cluster: Cluster, namespace: str, system: str, release: str = "") -> None:
         self.k8s = cluster
         self.namespace = namespace
         self.system = system  # where the operator runs
+        self.release = release  # its Helm release
 
     def kubectl(self, *args: str, **kwargs: Any) -> Any:
         return self.k8s.kubectl(*args, "-n", self.namespace, **kwargs)
@@ -123,7 +124,7 @@ def deploy_operator(k8s_cluster: Cluster) -> Iterator[Deployment]:
         "3m",
     )
     try:
-        yield Deployment(k8s_cluster, target, system)
+        yield Deployment(k8s_cluster, target, system, release)
     finally:
         k8s_cluster.kubectl(
             "delete",

@@ -23,7 +23,8 @@ from apportion import Client, get_worker
 from apportion.kubernetes import KubeCluster, KubeClusterError
 
 from .controlplane import Cluster
-from .deployment import Deployment, deploy_operator
+from .deployment import CHART, Deployment, deploy_operator
+from .kubelet.runtime import podman_env
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
 
@@ -510,3 +511,149 @@ def test_kubectl_scale_sizes_one_worker_group(deployed: Deployment) -> None:
     )
     deployed.wait_running("scaled", {"cpu": 1, "mem": 1})
     deployed.kubectl("delete", "resourcecluster", "scaled", "--wait=true")
+
+
+# ----- pods the nodes cannot place ----------------------------------------------------------
+
+
+def occupy_a_gpu_pair() -> str:
+    """Holds its worker's two GPUs until the cluster goes (the work of a long training)."""
+    import threading
+
+    threading.Event().wait(600)
+    return get_worker().name
+
+
+def test_workers_that_fit_run_and_the_rest_is_an_unschedulable_condition(
+    deployed: Deployment,
+) -> None:
+    # Three GPU=2 workers on nodes with four GPUs in all: two fit.
+    groups = [{"name": "gpu", "replicas": 3, "resources": {"GPU": 2}}]
+    apply(deployed, resource_cluster("toobig", 11306, groups))
+
+    def running_with_what_fits() -> Obj | None:
+        status = deployed.status("toobig")
+        unplaced = condition(deployed, "toobig", "Unschedulable")
+        ok = (
+            status.get("phase") == "Running"
+            and status.get("workers") == "2/3"
+            and unplaced.get("status") == "True"
+        )
+        return unplaced if ok else None
+
+    unplaced = deployed.wait(running_with_what_fits, "toobig Running 2/3, Unschedulable")
+    assert unplaced["reason"] == "PodsUnschedulable"
+    assert unplaced["message"].startswith("group gpu: 1 of 3 pods cannot be placed (2 are): ")
+    assert "nvidia.com/gpu" in unplaced["message"]
+    assert condition(deployed, "toobig", "Ready")["status"] == "False"
+    deployed.kubectl("delete", "resourcecluster", "toobig", "--wait=true")
+
+
+def test_the_autoscaler_stops_at_what_the_nodes_can_place(deployed: Deployment) -> None:
+    groups = [
+        {
+            "name": "gpu",
+            "minReplicas": 0,
+            "maxReplicas": 4,
+            "idleTimeoutSeconds": 120,
+            "resources": {"GPU": 2},
+        },
+        {"name": "cpu", "replicas": 1, "resources": {"process": 1}},
+    ]
+    apply(deployed, resource_cluster("capped", 11316, groups))
+    deployed.wait_running("capped", {"cpu": 1})
+    cluster = KubeCluster.from_name(
+        "capped", deployed.namespace, kubeconfig=str(deployed.k8s.kubeconfig), timeout=180
+    )
+    selector = "app.kubernetes.io/instance=capped,apportion.dev/group=gpu"
+    with Client(cluster) as client:
+        work = [
+            client.submit(occupy_a_gpu_pair, resources={"GPU": 2}, pure=False) for _ in range(8)
+        ]
+
+        def limited() -> Obj | None:
+            found = deployed.group("capped", "gpu").get("limitedByNodes")
+            return found if found and len(deployed.pods(selector)) == 3 else None
+
+        said = deployed.wait(limited, "gpu limited by the nodes, 3 pods", timeout=180)
+        assert said["placedReplicas"] == 2
+        assert said["reason"].startswith("the nodes place 2 pod(s) of gpu now: ")
+        # It stays there: two placed and one pending, never the four the demand asks for.
+        wait_reconciled_after(deployed, "capped")
+        assert len(deployed.pods(selector)) == 3
+        assert deployed.group("capped", "gpu")["desiredReplicas"] == 3
+        assert not any(f.done() for f in work)
+    deployed.kubectl("delete", "resourcecluster", "capped", "--wait=true")
+
+
+# ----- an operator upgrade ------------------------------------------------------------------
+
+
+def _pod_uids(deployed: Deployment, cluster: str) -> set[str]:
+    return {p["metadata"]["uid"] for p in deployed.pods(f"app.kubernetes.io/instance={cluster}")}
+
+
+def _images(deployed: Deployment, cluster: str) -> set[str]:
+    return {
+        c["image"]
+        for p in deployed.pods(f"app.kubernetes.io/instance={cluster}")
+        for c in p["spec"]["containers"]
+    }
+
+
+def test_an_operator_upgrade_restarts_no_running_cluster_unless_it_follows(
+    deployed: Deployment,
+) -> None:
+    """Last in this module: the operator runs a new default image afterwards."""
+    groups = [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}]
+    apply(deployed, resource_cluster("steady", 11326, groups))
+    apply(deployed, resource_cluster("follower", 11336, groups, imageUpdatePolicy="FollowOperator"))
+    deployed.wait_running("steady", {"cpu": 1})
+    deployed.wait_running("follower", {"cpu": 1})
+    old_image = deployed.k8s.image
+    before = _pod_uids(deployed, "steady")
+    assert deployed.status("steady")["image"] == old_image
+    # A new default image: the same build under another tag (in processes mode pods ignore
+    # images, so only the names are compared).
+    repository, _, tag = old_image.rpartition(":")
+    new_image = f"{repository}:{tag}-next"
+    if deployed.k8s.pods == "containers":
+        subprocess.run(
+            ["podman", "tag", old_image, new_image], env=podman_env(), check=True, timeout=120
+        )
+    deployed.k8s.helm(
+        "upgrade",
+        deployed.release,
+        str(CHART),
+        "-n",
+        deployed.system,
+        "--reuse-values",
+        "--set",
+        f"image.tag={tag}-next",
+        "--wait",
+        "--timeout",
+        "3m",
+    )
+
+    def operator_upgraded() -> bool:
+        pods = json.loads(
+            deployed.k8s.kubectl("get", "pods", "-n", deployed.system, "-o", "json").stdout
+        )["items"]
+        return bool(pods) and all(
+            p["spec"]["containers"][0]["image"] == new_image and _ready(p)
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp")
+        )
+
+    deployed.wait(operator_upgraded, "the operator running the new image")
+    apply(deployed, resource_cluster("fresh", 11346, groups))
+    deployed.wait_running("fresh", {"cpu": 1})
+    assert _images(deployed, "fresh") == {new_image}  # new clusters: the new default at once
+    deployed.wait(lambda: _images(deployed, "follower") == {new_image}, "follower on the new image")
+    deployed.wait_running("follower", {"cpu": 1})
+    wait_reconciled_after(deployed, "steady")  # the new operator has looked at it, many times
+    assert _pod_uids(deployed, "steady") == before, "a running cluster was restarted"
+    assert _images(deployed, "steady") == {old_image}
+    assert deployed.status("steady")["image"] == old_image
+    for name in ("steady", "follower", "fresh"):
+        deployed.kubectl("delete", "resourcecluster", name, "--wait=true")

@@ -1072,3 +1072,47 @@ def test_pods_that_never_started_are_no_capacity_so_demand_spills_on() -> None:
     # Pods still within the timeout are capacity on the way: nothing spills.
     starting = dataclasses.replace(stuck, unconnected={"a": 5, "b": 5})
     assert decide([starting, spare], [need(2, GPU=1)]).targets == {"gpu2": 2, "gpu4": 0}
+
+
+# ----- pods the nodes cannot place ----------------------------------------------------------
+
+
+def test_growth_stops_at_what_the_nodes_place_keeping_one_pod_pending() -> None:
+    """Ten GPU workers allowed, room for four: the target comes down to the four placed and
+    one pending (a cluster autoscaler's cue), the other unplaceable pods go, and it says so."""
+    connected = busy("w0", "w1", "w2", "w3")
+    unplaced = {f"u{i}": 5.0 for i in range(6)}
+    gpu = group("gpu", {"GPU": 2}, hi=10, desired=10, connected=connected, unconnected=unplaced)
+    gpu = dataclasses.replace(gpu, unplaced=frozenset(unplaced))
+    decision = decide([gpu], [need(50, GPU=2)])
+    assert decision.targets == {"gpu": 5}
+    assert len(decision.remove["gpu"]) == 5 and set(decision.remove["gpu"]) < set(unplaced)
+    assert decision.reasons["gpu"] == (
+        "the nodes place 4 pod(s) of gpu now: 6 cannot be placed; one stays pending for "
+        "capacity that appears"
+    )
+    assert decision.limited == {"gpu": 4}
+
+
+def test_a_group_with_unplaceable_pods_takes_no_more_demand_and_it_spills_on() -> None:
+    stuck = group("gpu2", {"GPU": 2}, hi=4, connected=busy("a"), unconnected={"b": 5.0})
+    stuck = dataclasses.replace(stuck, unplaced=frozenset({"b"}))
+    spare = group("gpu4", {"GPU": 4}, nthreads=4, hi=2)
+    decision = decide([stuck, spare], [need(8, GPU=1)])
+    assert decision.targets["gpu2"] == 2  # the placed one and the pending one: no more
+    assert decision.targets["gpu4"] == 2
+    assert "gpu2" not in decision.remove
+
+
+def test_observe_names_the_pods_kubernetes_cannot_place() -> None:
+    spec = parse(
+        "c", "ns", {"workerGroups": [{"name": "gpu", "maxReplicas": 4, "resources": {"GPU": 2}}]}
+    )
+    placed, unplaced = worker_pod("gpu", 0), worker_pod("gpu", 1)
+    unplaced["status"] = {
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no"}
+        ]
+    }
+    (view,), _ = observe(spec, [placed, unplaced], scheduler_info(), {"gpu": 2}, NOW)
+    assert view.unplaced == frozenset({unplaced["metadata"]["name"]})

@@ -20,6 +20,7 @@ from apportion.operator.spec import (
     format_quantity,
     parse,
     parse_quantity,
+    pinned_defaults,
 )
 
 GI = 2**30
@@ -630,3 +631,27 @@ def test_the_operators_defaults_apply_where_the_spec_names_no_image() -> None:
         defaults,
     )
     assert (own.image, own.image_pull_policy, own.image_pull_secrets) == ("mine:2", "Never", ())
+
+
+# --------------------------------------------------------------------------- image updates
+
+
+def test_a_cluster_naming_no_image_keeps_the_one_it_runs() -> None:
+    new_default = Defaults(image="apportion:0.2.0")
+    kept = pinned_defaults({}, new_default, "apportion:0.1.0")
+    assert parse("c", "ns", one_group(), kept).image == "apportion:0.1.0"
+    # A new cluster (nothing runs yet) gets the new default at once.
+    assert parse("c", "ns", one_group(), pinned_defaults({}, new_default, None)).image == (
+        "apportion:0.2.0"
+    )
+
+
+def test_follow_operator_or_a_named_image_ignore_what_runs() -> None:
+    new_default = Defaults(image="apportion:0.2.0")
+    follow = {"imageUpdatePolicy": "FollowOperator"}
+    assert pinned_defaults(follow, new_default, "apportion:0.1.0") == new_default
+    named = {"image": "mine:1"}
+    assert (
+        parse("c", "ns", {**one_group(), **named}, pinned_defaults(named, new_default, "x")).image
+        == "mine:1"
+    )

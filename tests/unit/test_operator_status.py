@@ -665,8 +665,9 @@ SCALING_PHASES = [
     # Short of a fixed group's worker too: something is wrong.
     ("Running", 2, [(0, True, False), (1, False, False)], False, "Degraded"),
     ("Running", 2, [(0, True, False), (1, True, False)], False, "Degraded"),
-    # Pods Kubernetes cannot place: not just scaling.
-    ("Running", 2, [(0, True, False), (1, False, True)], True, "Degraded"),
+    # Pods Kubernetes cannot place: what fits works (the Unschedulable condition says the
+    # rest); nothing was lost.
+    ("Running", 2, [(0, True, False), (1, False, True)], True, "Running"),
     # Never ran yet: still pending.
     (None, 2, [(0, True, False), (1, False, False)], True, "Pending"),
     ("Pending", 2, [(0, True, False), (1, False, False)], True, "Pending"),
@@ -691,7 +692,9 @@ def test_phase_scaling_when_only_autoscaled_groups_are_short_of_placeable_worker
     status = compute_status(spec, pods, info(*names), prior, 1, T1, scaling=scaling({"auto": 1}))
     assert status["phase"] == phase
     ready = condition(status, "Ready")
-    assert ready["status"] == ("True" if phase == "Running" else "False")
+    unplaced = any(stuck for _, _, stuck in auto_pods)
+    assert ready["status"] == ("True" if phase == "Running" and not unplaced else "False")
+    assert condition(status, "Unschedulable")["status"] == str(unplaced)
 
 
 def test_an_unreachable_scheduler_is_degraded_not_scaling() -> None:
@@ -699,3 +702,63 @@ def test_an_unreachable_scheduler_is_degraded_not_scaling() -> None:
     pods = [pod("auto", 0, ready=True), pod("auto", 1)]
     status = compute_status(spec, pods, None, {"phase": "Running"}, 1, T1)
     assert status["phase"] == "Degraded"
+
+
+# --------------------------------------------------------------------------- unplaceable pods
+
+
+def test_workers_that_fit_work_and_the_rest_is_an_unschedulable_condition() -> None:
+    """Ten GPU workers wanted, room for four: Running 4/10, not Pending, and it says why."""
+    spec = cluster(gpu=10)
+    pods = [pod("gpu", i, ready=i < 4, stuck=None if i < 4 else NO_GPU) for i in range(10)]
+    for previous in ({}, {"phase": "Pending"}, {"phase": "Running"}, {"phase": "Degraded"}):
+        status = compute_status(
+            spec, pods, info(*[f"c-gpu-{i}" for i in range(4)]), previous, 1, T1
+        )
+        assert status["phase"] == "Running"
+        assert status["workers"] == "4/10"
+        unplaced = condition(status, "Unschedulable")
+        assert (unplaced["status"], unplaced["reason"]) == ("True", "PodsUnschedulable")
+        assert unplaced["message"] == f"group gpu: 6 of 10 pods cannot be placed (4 are): {NO_GPU}"
+        assert status["workerGroups"][0]["unschedulableReplicas"] == 6
+        assert condition(status, "Ready")["status"] == "False"  # not all it asked for
+
+
+def test_nothing_placed_and_nothing_connected_is_still_pending() -> None:
+    spec = cluster(gpu=2)
+    pods = [pod("gpu", i, stuck=NO_GPU) for i in range(2)]
+    status = compute_status(spec, pods, info(), {}, 1, T1)
+    assert status["phase"] == "Pending"
+    assert condition(status, "Unschedulable")["status"] == "True"
+
+
+def test_a_lost_worker_beside_unplaceable_pods_is_degraded() -> None:
+    """Unplaceable pods explain only as many missing workers as there are of them."""
+    spec = cluster(gpu=4)
+    pods = [pod("gpu", i, ready=i < 2, stuck=NO_GPU if i == 3 else None) for i in range(4)]
+    status = compute_status(spec, pods, info("c-gpu-0", "c-gpu-1"), {"phase": "Running"}, 1, T1)
+    assert status["phase"] == "Degraded"
+
+
+def test_every_pod_placed_is_a_false_unschedulable_condition() -> None:
+    spec = cluster(a=1)
+    status = compute_status(spec, [pod("a", 0, ready=True)], info("c-a-0"), {}, 1, T1)
+    placed = condition(status, "Unschedulable")
+    assert (placed["status"], placed["reason"]) == ("False", "AllPlaced")
+    assert "unschedulableReplicas" not in status["workerGroups"][0]
+
+
+def test_an_autoscaled_group_limited_by_the_nodes_says_so_until_it_grows() -> None:
+    spec = autoscaled({"auto": 3}, auto=(0, 10))
+    pods = [pod("auto", i, ready=i < 2, stuck=NO_GPU if i == 2 else None) for i in range(3)]
+    limited = scaling({"auto": 10})
+    limited.decision.limited["auto"] = 2
+    limited.decision.reasons["auto"] = "the nodes place 2 pod(s) of auto now"
+    first = compute_status(spec, pods, info("c-auto-0", "c-auto-1"), {}, 1, T1, scaling=limited)
+    said = {"placedReplicas": 2, "reason": "the nodes place 2 pod(s) of auto now"}
+    assert first["workerGroups"][0]["limitedByNodes"] == said
+    again = compute_status(spec, pods, info("c-auto-0", "c-auto-1"), first, 1, T1)
+    assert again["workerGroups"][0]["limitedByNodes"] == said
+    grown = autoscaled({"auto": 5}, auto=(0, 10))
+    later = compute_status(grown, pods, info("c-auto-0", "c-auto-1"), again, 1, T1)
+    assert "limitedByNodes" not in later["workerGroups"][0]
