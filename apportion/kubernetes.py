@@ -157,16 +157,12 @@ class KubeCluster:
             if port_forward:
                 self.forward_ports()
                 print(f"{self!r}: dashboard at {self.dashboard_link}")
-        except BaseException as exc:
+        except BaseException:
             # A cluster this call created and could not start (an invalid spec, a timeout,
-            # Ctrl-C) is removed, so that the same call can simply be made again.
+            # Ctrl-C) is deleted again, so that the same call can simply be made again.
             if create:
                 with contextlib.suppress(Exception):  # the cause matters more than this
                     self.close()
-                exc.add_note(
-                    f"ResourceCluster {namespace}/{name} was deleted again: fix the cause "
-                    "and make the same call"
-                )
             raise
 
     def forward_ports(self, local_ports: dict[str, int] | None = None) -> None:
