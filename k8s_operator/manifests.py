@@ -23,6 +23,7 @@ KIND = "ResourceCluster"
 PLURAL = "resourceclusters"
 LABEL_CLUSTER = "apportion.dev/cluster"
 LABEL_GROUP = "apportion.dev/group"
+LABEL_TLS = "apportion.dev/tls"
 HASH_ANNOTATION = "apportion.dev/spec-hash"
 TOKEN_KEY = "token"
 
@@ -321,8 +322,11 @@ def scheduler_deployment(spec: ClusterSpec, owner: Mapping[str, Any]) -> Manifes
             "timeoutSeconds": 5,
         },
     }
+    pod_labels = labels(spec, "scheduler")
+    if spec.tls:
+        pod_labels[LABEL_TLS] = "true"  # Prometheus scrapes it over https (the chart)
     pod = {
-        "metadata": {"labels": labels(spec, "scheduler")},
+        "metadata": {"labels": pod_labels},
         "spec": {"containers": [container], **_pull_secrets(spec)},
     }
     _with_tls(spec, pod, container, check_hostname=True)

@@ -99,10 +99,10 @@ class Scheduler:
 
             from apportion.protocol import tls
 
-            # With comm.tls.* the HTTP API is mutual TLS too (None: plain HTTP).
-            self._http = HTTPServer(
-                status_app(self), ssl_options=tls.server_context(), **server_limits()
-            )
+            # With comm.tls.* the HTTP API is TLS too (None: plain HTTP); client
+            # certificates are optional there while the token guards every route.
+            context = tls.http_server_context(token_protected=self.token is not None)
+            self._http = HTTPServer(status_app(self), ssl_options=context, **server_limits())
             self._http.add_sockets(sockets)
             self.http_port = sockets[0].getsockname()[1]
         self._periodic = [

@@ -30,6 +30,17 @@ def server_context() -> ssl.SSLContext | None:
     return context
 
 
+def http_server_context(token_protected: bool) -> ssl.SSLContext | None:
+    """The HTTP port's context: like the TCP port's, except that where a token protects
+    every route a client certificate is optional, so a browser (which has none) can open
+    the dashboard of a TLS cluster and Prometheus can scrape it; a certificate offered is
+    still checked. Without a token, mutual TLS stays the only protection."""
+    context = server_context()
+    if context is not None and token_protected and context.verify_mode == ssl.CERT_REQUIRED:
+        context.verify_mode = ssl.CERT_OPTIONAL
+    return context
+
+
 def client_context() -> ssl.SSLContext:
     ca = config.get("comm.tls.ca-file", None)
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)

@@ -111,13 +111,16 @@ def test_cluster_runs_entirely_over_mutual_tls(tmp_path: Path) -> None:
             cluster.close()
 
 
-def test_the_http_api_is_mutual_tls_too(tmp_path: Path) -> None:
+def test_the_http_api_is_tls_and_a_browser_needs_only_the_token(tmp_path: Path) -> None:
     import http.cookiejar
     import json
     import ssl
+    import urllib.error
     import urllib.request
 
     pki = _write_pki(tmp_path)
+    (tmp_path / "stranger").mkdir()
+    stranger = _write_pki(tmp_path / "stranger")  # a certificate of another CA
     tls = _settings(pki)
     with config.set(tls):
         cluster = LocalCluster(workers=[{"name": "a"}], http_port=0)
@@ -127,17 +130,28 @@ def test_the_http_api_is_mutual_tls_too(tmp_path: Path) -> None:
                 client.scheduler_info()  # the worker is connected
             url = f"https://127.0.0.1:{port}/api/v1/info"
             request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-            context = ssl.create_default_context(cafile=pki["ca"])
-            with pytest.raises(OSError):  # no client certificate
-                urllib.request.urlopen(request, timeout=10, context=context)
-            context.load_cert_chain(pki["cert"], pki["key"])
-            with urllib.request.urlopen(request, timeout=10, context=context) as reply:
+            # A browser or Prometheus: it trusts the CA and has no client certificate; the
+            # token lets it in, and without the token nothing is shown.
+            browser_tls = ssl.create_default_context(cafile=pki["ca"])
+            with urllib.request.urlopen(request, timeout=10, context=browser_tls) as reply:
                 assert "a" in {w["name"] for w in json.loads(reply.read())["workers"].values()}
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(url, timeout=10, context=browser_tls)
+            assert refused.value.code == 401
+            # A certificate that is offered is still checked.
+            wrong = ssl.create_default_context(cafile=pki["ca"])
+            wrong.load_cert_chain(stranger["cert"], stranger["key"])
+            with pytest.raises(OSError):
+                urllib.request.urlopen(request, timeout=10, context=wrong)
+            mutual = ssl.create_default_context(cafile=pki["ca"])
+            mutual.load_cert_chain(pki["cert"], pki["key"])
+            with urllib.request.urlopen(request, timeout=10, context=mutual) as reply:
+                assert reply.status == 200
             link = cluster.dashboard_link  # the dashboard is on the same TLS port
             assert link is not None and link.startswith("https://"), link
             cookies = http.cookiejar.CookieJar()  # the link signs in with a cookie
             browser = urllib.request.build_opener(
-                urllib.request.HTTPSHandler(context=context),
+                urllib.request.HTTPSHandler(context=browser_tls),
                 urllib.request.HTTPCookieProcessor(cookies),
             )
             with browser.open(link, timeout=10) as page:
@@ -145,3 +159,15 @@ def test_the_http_api_is_mutual_tls_too(tmp_path: Path) -> None:
             assert [c.secure for c in cookies] == [True]  # never sent over plain HTTP
         finally:
             cluster.close()
+
+
+def test_without_a_token_the_http_api_stays_mutual_tls(tmp_path: Path) -> None:
+    import ssl
+
+    from apportion.protocol.tls import http_server_context
+
+    with config.set(_settings(_write_pki(tmp_path))):
+        guarded = http_server_context(token_protected=True)
+        unguarded = http_server_context(token_protected=False)
+    assert guarded is not None and guarded.verify_mode == ssl.CERT_OPTIONAL
+    assert unguarded is not None and unguarded.verify_mode == ssl.CERT_REQUIRED

@@ -5,9 +5,13 @@ checked, and the status says why workers cannot connect while it will not do."""
 
 from __future__ import annotations
 
+import base64
 import datetime
+import http.cookiejar
 import json
+import ssl
 import sys
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,6 +103,17 @@ def test_a_tls_cluster_is_mutual_tls_everywhere(deployed: Deployment) -> None:
         assert cluster.scheduler_address.startswith("tls://127.0.0.1:"), cluster.scheduler_address
         link = cluster.dashboard_link
         assert link is not None and link.startswith("https://127.0.0.1:"), link
+        # A browser has no client certificate: the link's token lets it in all the same
+        # (it trusts the cluster's CA, as a person who imported it, or clicked through).
+        ca = base64.b64decode(secret["data"]["ca.crt"]).decode()
+        browser_tls = ssl.create_default_context(cadata=ca)
+        browser_tls.check_hostname = False  # the certificate names the Service, not 127.0.0.1
+        browser = urllib.request.build_opener(
+            urllib.request.HTTPSHandler(context=browser_tls),
+            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()),
+        )
+        with browser.open(link, timeout=30) as page:
+            assert page.status == 200 and page.url.endswith("/dashboard")
         with Client(cluster) as client:
             forwarded = client.submit(where, 3, resources={"A": 1})
             assert forwarded.result(timeout=60) == ("secure-a-0", 3)

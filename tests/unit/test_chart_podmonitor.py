@@ -4,10 +4,12 @@ selecting exactly the scheduler pods the operator creates, on their HTTP port.""
 from __future__ import annotations
 
 import yaml
-from apportion.operator.manifests import labels
+from apportion.operator.manifests import LABEL_TLS, labels, scheduler_deployment
 from apportion.operator.spec import parse
 
 from tests.unit.test_chart_and_crd import helm
+
+OWNER = {"metadata": {"name": "pipeline", "namespace": "default", "uid": "0"}}
 
 
 def render(*extra: str) -> list[dict]:
@@ -35,7 +37,11 @@ def test_pod_monitors_select_the_schedulers_and_the_operator() -> None:
         "metrics.podMonitor.tokenSecret=pipeline-token",
     )
     monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodMonitor"}
-    assert set(monitors) == {"apportion-schedulers", "apportion-operator"}
+    assert set(monitors) == {
+        "apportion-schedulers",
+        "apportion-schedulers-tls",
+        "apportion-operator",
+    }
     schedulers = monitors["apportion-schedulers"]
     assert schedulers["metadata"]["labels"]["release"] == "prometheus"
     spec = schedulers["spec"]
@@ -63,3 +69,21 @@ def test_pod_monitors_select_the_schedulers_and_the_operator() -> None:
     operator = monitors["apportion-operator"]["spec"]
     assert operator["podMetricsEndpoints"][0]["port"] == "metrics"
     assert operator["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+
+
+def test_tls_clusters_are_scraped_over_https_and_plain_ones_over_http() -> None:
+    docs = render("--set", "metrics.podMonitor.enabled=true")
+    monitors = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PodMonitor"}
+    plain, secure = monitors["apportion-schedulers"], monitors["apportion-schedulers-tls"]
+    groups = {"workerGroups": [{"name": "gpu", "replicas": 1}]}
+    for tls, monitor in ((False, plain), (True, secure)):
+        spec = parse("pipeline", "default", {**groups, "tls": {"enabled": tls}})
+        pod_labels = scheduler_deployment(spec, OWNER)["spec"]["template"]["metadata"]["labels"]
+        assert monitor["selector"]["matchLabels"].items() <= pod_labels.items()
+        # Exactly one monitor scrapes each scheduler.
+        assert (LABEL_TLS in pod_labels) == tls
+    assert plain["selector"]["matchExpressions"] == [{"key": LABEL_TLS, "operator": "DoesNotExist"}]
+    (endpoint,) = secure["podMetricsEndpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+    assert "scheme" not in plain["podMetricsEndpoints"][0]
