@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
+import socket
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import kopf
+from apportion.operator import leadership
 from apportion.operator import memo as memos
 from apportion.operator.manifests import (
     GROUP,
@@ -68,6 +72,25 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
             peering.name,
             settings.peering.priority,
         )
+        # kopf's peering cannot stop a replica that was frozen from acting when it wakes:
+        # only the holder of a freshly renewed Lease acts (leadership.py).
+        elector = leadership.Elector(f"{peering.name}-leader", _own_namespace(), _identity())
+        leadership.may_act = elector.acting
+        elector.start()
+
+
+def _identity() -> str:
+    """This replica's name in the Lease: its pod's (the chart sets POD_ID), else the host's."""
+    return os.environ.get("POD_ID") or socket.gethostname()
+
+
+def _own_namespace() -> str:
+    """The operator's namespace: the chart's POD_NAMESPACE, else the service account's."""
+    found = os.environ.get("POD_NAMESPACE")
+    if found:
+        return found
+    account = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return account.read_text().strip() if account.exists() else "default"
 
 
 @kopf.index("pods", labels=MANAGED)

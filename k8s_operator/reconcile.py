@@ -11,7 +11,9 @@ Each step reads and fills one ``Round`` and returns whether the round goes on::
 ``plan``); ``retire_surplus``, ``carry_out`` and the first four do the I/O; the status is
 computed apart, from what the round saw and did, and written only onto the version of the
 cluster the round read (a round that read an older one writes nothing: the next round
-writes). Before every step the round stops if the cluster was deleted meanwhile.
+writes). Before every step the round stops if the cluster was deleted meanwhile, or if this
+replica may no longer act (``leadership.py``: with several replicas, only the holder of a
+freshly renewed Lease acts).
 
 A spec is checked before anything is built from it: parsed, its children built, and those
 sent to the API server as a dry run. A spec that fails keeps the cluster on its last valid
@@ -33,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from apportion.operator import kube, metrics, tls
+from apportion.operator import kube, leadership, metrics, tls
 from apportion.operator.autoscale import (
     Demand,
     GroupView,
@@ -655,6 +657,8 @@ def reconcile(
         # Going away: its children go with it (ownerReferences); re-applying them now
         # would only race the garbage collector.
         return
+    if not leadership.may_act():
+        return  # another replica holds the Lease, or this one may have lost it unawares
     if not memo.lock.acquire(blocking=wait):
         return
     try:
@@ -671,7 +675,7 @@ def run(r: Round, steps: tuple[Step, ...]) -> None:
     ends in a condition and an Event, never in silence."""
     try:
         for step in steps:
-            if r.memo.gone.is_set() or not step(r):
+            if r.memo.gone.is_set() or not leadership.may_act() or not step(r):
                 return
     except Exception as exc:
         logger.exception("reconcile of %s/%s failed", *r.key)

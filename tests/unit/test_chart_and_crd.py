@@ -637,3 +637,21 @@ def test_network_policies_need_the_namespaces_of_the_clusters() -> None:
     failed = helm("template", "rel", str(CHART), "--set", "networkPolicy.enabled=true")
     assert failed.returncode != 0
     assert "networkPolicy.namespaces" in failed.stderr
+
+
+def test_replicas_elect_a_leader_through_a_lease_they_may_write() -> None:
+    docs = render("operator.replicas=2", "watch.namespaces={ml}")
+    (role,) = [
+        r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-leader-election")
+    ]
+    assert role["metadata"]["namespace"] == "ops"
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+        }
+    ]
+    env = {e["name"]: e for e in operator_container(docs)["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert not [r for r in by_kind(render(), "Role") if "leader" in r["metadata"]["name"]]
