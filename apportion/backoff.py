@@ -30,3 +30,24 @@ class RestartBackoff:
         else:
             self._delay = min(self.maximum, max(self.initial, self._delay * 2))
         return self._delay
+
+
+class QuietRetries:
+    """When to say that a retry loop is still waiting: on the first failure, then each
+    time the wait has doubled (1 s, 2 s, 4 s, ...), so a wait of minutes logs a handful of
+    lines, not one per attempt."""
+
+    def __init__(self, first_report_after: float = 1.0) -> None:
+        self._next: float | None = None
+        self._step = first_report_after
+
+    def due(self, waited: float) -> bool:
+        """Whether to log now, ``waited`` seconds after the first failure."""
+        if self._next is None:
+            self._next = self._step
+            return True
+        if waited < self._next:
+            return False
+        while self._next <= waited:
+            self._next *= 2
+        return True

@@ -60,6 +60,33 @@ def _token_options(what: str, default_file: str, no_auth: str):
     return decorate
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# Every page of the scheduler's HTTP port, for --help (scheduler/http_api.py and
+# scheduler/dashboard_routes.py serve them).
+HTTP_PAGES = (
+    ("/dashboard", "the dashboard; /dashboard?token=... signs a browser in"),
+    ("/dashboard/events", "the dashboard's updates, as server-sent events"),
+    ("/dashboard/login", "the dashboard's sign-in form"),
+    ("/health", "liveness, open to all"),
+    ("/api/v1/info", "workers, resources and tasks as JSON"),
+    ("/api/v1/story/KEY", "a task's changes of state"),
+    ("/api/v1/retire", "POST: retire workers gracefully"),
+    ("/api/v1/cluster-status", "POST: the operator's view of a ResourceCluster"),
+    ("/metrics", "Prometheus metrics"),
+)
+
+
+def _log_level_option(func):
+    """--log-level, shared by scheduler and worker (LocalCluster passes it to each)."""
+    return click.option(
+        "--log-level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default=None,
+        help="Level of what this process prints (default: the setting logging.level, else INFO).",
+    )(func)
+
+
 def _apply_tls(cert: str | None, key: str | None, ca_file: str | None) -> None:
     if cert and not key:
         raise click.UsageError("--tls-cert needs --tls-key")
@@ -97,10 +124,11 @@ def settings() -> None:
 @click.option("--port", default=8786, show_default=True, type=int)
 @click.option(
     "--http-port",
-    type=int,
+    type=click.IntRange(0, 65535),
     default=None,
-    help="Serve /health (open), /api/v1/info and /api/v1/retire (token needed) over HTTP "
-    "on this port.",
+    help="Serve HTTP on this port (0: any free one; the log says which): "
+    + "; ".join(f"{path} ({what})" for path, what in HTTP_PAGES)
+    + ". All but /health need the token.",
 )
 @_token_options(
     "File holding the shared token; created with a new random token (mode 0600) if missing.",
@@ -108,6 +136,7 @@ def settings() -> None:
     "Accept connections without a token.",
 )
 @_tls_options
+@_log_level_option
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 def scheduler(
     host: str,
@@ -118,10 +147,11 @@ def scheduler(
     tls_cert: str | None,
     tls_key: str | None,
     tls_ca_file: str | None,
+    log_level: str | None,
     ready_fd: int | None,
 ) -> None:
     """Run a scheduler. Authentication is on unless --no-auth (see --token-file)."""
-    setup_logging()
+    setup_logging(log_level)
     _apply_tls(tls_cert, tls_key, tls_ca_file)
     try:
         token = scheduler_token(token_file, no_auth)
@@ -138,10 +168,26 @@ def scheduler(
         start=server.start,
         stop=lambda reason: _stop_scheduler(server, reason),
         finished=server.stopped.wait,
-        ready=lambda s: {"address": s.address, "http_port": s.http_port},
+        ready=lambda s: _scheduler_ready(s, token_file),
         ready_fd=ready_fd,
         role="scheduler",
     )
+
+
+def _scheduler_ready(server: Any, token_file: str | None) -> dict[str, Any]:
+    """What the scheduler tells its launcher once up; logs where its dashboard is."""
+    if server.http_port is not None:
+        from apportion.reprs import dashboard_link
+
+        link = dashboard_link(server.address, server.http_port, None)
+        where = "given by --token-file" if token_file else "in $APPORTION_TOKEN or its file"
+        logger.info(
+            "dashboard at %s (it asks for the cluster's token, %s; client.dashboard_link "
+            "opens it signed in)",
+            link,
+            where if server.token else "none: --no-auth",
+        )
+    return {"address": server.address, "http_port": server.http_port}
 
 
 async def _stop_scheduler(server: object, reason: str) -> None:
@@ -152,7 +198,12 @@ async def _stop_scheduler(server: object, reason: str) -> None:
 @main.command()
 @click.argument("scheduler_address")
 @click.option("--name", default=None, help="Unique worker name (default: its address).")
-@click.option("--nthreads", type=int, default=None, help="Threads per worker process.")
+@click.option(
+    "--nthreads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Threads per worker process (at least 1; default: worker.nthreads, else 1).",
+)
 @click.option(
     "--nworkers",
     type=int,
@@ -173,6 +224,7 @@ async def _stop_scheduler(server: object, reason: str) -> None:
     "Connect without a token.",
 )
 @_tls_options
+@_log_level_option
 @click.option("--ready-fd", type=int, default=None, hidden=True)
 def worker(
     scheduler_address: str,
@@ -189,6 +241,7 @@ def worker(
     tls_cert: str | None,
     tls_key: str | None,
     tls_ca_file: str | None,
+    log_level: str | None,
     ready_fd: int | None,
 ) -> None:
     """Run worker process(es) connected to SCHEDULER_ADDRESS (tcp://HOST:PORT)."""
@@ -199,9 +252,9 @@ def worker(
     if nworkers < 1:
         raise click.BadParameter(f"must be at least 1, got {nworkers}", param_hint="--nworkers")
     if nworkers > 1:
-        _supervise(nworkers, name)
+        _supervise(nworkers, name, log_level)
         return
-    setup_logging()
+    setup_logging(log_level)
     _apply_tls(tls_cert, tls_key, tls_ca_file)
     try:
         token = connecting_token(token_file, no_auth)
@@ -236,7 +289,7 @@ async def _worker_failure(server: Any) -> str | None:
     return server.failure
 
 
-def _supervise(nworkers: int, name: str | None) -> None:
+def _supervise(nworkers: int, name: str | None, log_level: str | None) -> None:
     """Run ``nworkers`` copies of this command, one worker each.
 
     A worker that crashes (or is killed) is restarted, with back-off while it keeps
@@ -272,7 +325,7 @@ def _supervise(nworkers: int, name: str | None) -> None:
             if child.poll() is None:
                 child.send_signal(signum)
 
-    setup_logging()
+    setup_logging(log_level)
     for i in range(nworkers):
         launch(i)
     signal.signal(signal.SIGTERM, forward)

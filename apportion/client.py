@@ -21,6 +21,7 @@ callbacks.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import time
@@ -33,6 +34,7 @@ from apportion import cluster_ops, config
 from apportion.aio import background
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
+from apportion.cluster_base import REPR_TIMEOUT
 from apportion.core.context import current_task_key
 from apportion.core.stored import stored_argument
 from apportion.dask_default import on_client_created
@@ -47,10 +49,11 @@ from apportion.data import (
 from apportion.errors import SchedulerConnectionError
 from apportion.future_table import FutureTable
 from apportion.futures import Future, FutureState, collect_futures
+from apportion.local import LocalCluster
 from apportion.logs import line_count, recent_lines, show_task_output
 from apportion.progress import progress
 from apportion.protocol import CommClosedError, Message
-from apportion.reprs import dashboard_link, summary_html
+from apportion.reprs import client_text, dashboard_link, summarise, summary_html
 from apportion.resources import format_resources, validate
 from apportion.restrictions import worker_restriction
 from apportion.serialize import (
@@ -110,16 +113,25 @@ class Client(metaclass=_ClientType):
         token: str | None = None,
         timeout: float = 10.0,
         asynchronous: bool = False,
+        **cluster_kwargs: Any,
     ) -> None:
         """``asynchronous=True`` makes the call construct an ``AsyncClient`` (see
-        _ClientType): the class, not this argument, decides how the client waits."""
-        if address is None:
+        _ClientType): the class, not this argument, decides how the client waits.
+
+        With no address (and no ``client.scheduler-address`` set), or with LocalCluster's
+        arguments (``n_workers=``, ``threads_per_worker=``, ``memory_limit=``, ...), the
+        client starts a ``LocalCluster`` of its own, closed with the client, as Dask's does."""
+        # Set first: close() and __del__ read it even when connecting fails.
+        self._own_cluster: LocalCluster | None = None
+        if address is None and not cluster_kwargs:
             address = config.get("client.scheduler-address")
-            if not address:
-                raise ValueError(
-                    "Client needs an address (tcp://HOST:PORT) or a cluster object; "
-                    "or set client.scheduler-address (APPORTION_SCHEDULER_ADDRESS)"
-                )
+        if cluster_kwargs and address is not None:
+            raise TypeError(
+                f"Client({address!r}, ...) connects to a running scheduler: LocalCluster's "
+                f"arguments {sorted(cluster_kwargs)} apply only to Client() with no address"
+            )
+        if address is None:
+            address = self._own_cluster = LocalCluster(**cluster_kwargs)
         self.cluster = None
         if not isinstance(address, str):
             self.cluster = address
@@ -147,7 +159,15 @@ class Client(metaclass=_ClientType):
             self.session.not_ready = "await the client before using it: client = await Client(...)"
             self._connecting = self.session.connect_in_background(timeout)
             return
-        self.id = self.session.connect(timeout)
+        try:
+            self.id = self.session.connect(timeout)
+        except BaseException:
+            if self._own_cluster is not None:
+                self._own_cluster.close()
+            raise
+        # Closed before the clusters of this process stop at exit, so that it does not
+        # take their going for a lost scheduler (and say so while reconnecting).
+        atexit.register(self.session.close)
         on_client_created(self)
         global _latest
         _latest = weakref.ref(self)
@@ -735,10 +755,12 @@ class Client(metaclass=_ClientType):
 
     # -------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        if self.session.closed:
-            return
-        restore_dask_default(self)
-        self.session.close()
+        if not self.session.closed:
+            restore_dask_default(self)
+            self.session.close()
+            atexit.unregister(self.session.close)
+        if self._own_cluster is not None:  # Client() started it: it ends with the client
+            self._own_cluster.close()
 
     def __enter__(self) -> Client:
         return self
@@ -752,9 +774,21 @@ class Client(metaclass=_ClientType):
         session = getattr(self, "session", None)
         if session is not None:
             session.kill()
+            atexit.unregister(session.close)
 
     def __repr__(self) -> str:
-        return f"<Client {self.id if hasattr(self, 'id') else '?'} -> {self.scheduler_address}>"
+        """Workers, threads, memory and resources, as the scheduler reports them now."""
+        info = None
+        if hasattr(self, "id") and not self.session.closed and not self.asynchronous:
+            with contextlib.suppress(Exception):  # a repr shows what it can
+                info = self.session.request({"op": "info"}, timeout=REPR_TIMEOUT)
+        summary = None if info is None else summarise(info["workers"])
+        link = (
+            ""
+            if info is None
+            else dashboard_link(self.scheduler_address, info["http_port"], self.token)
+        )
+        return client_text(getattr(self, "id", "?"), self.scheduler_address, summary, link or "")
 
 
 class AsyncClient(Client):

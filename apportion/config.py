@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion import config_schema
+from apportion.errors import ConfigError
 
 ENV_PREFIX = config_schema.ENV_PREFIX
 # LocalCluster hands the spawning process's whole configuration to its children through this.
@@ -102,13 +103,43 @@ def _from_files(environ: Mapping[str, str]) -> dict[str, Any]:
         import yaml  # here, not at the top: it adds ~30 ms to every process's start
 
     for path in paths:
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, Mapping):
-            raise ValueError(f"configuration file {path} must hold a mapping, not {loaded!r}")
+        named = str(path) == environ.get("APPORTION_CONFIG")
+        loaded = _read_file(path, yaml, named)
         tree = _canonical_tree(loaded)
         config_schema.check_tree(tree, f"file {path}")
         _merge(out, tree)
     return out
+
+
+def _read_file(path: Path, yaml: Any, named: bool) -> Mapping[str, Any]:
+    """A configuration file's mapping; ConfigError, in one line naming the file, when it
+    cannot be read, is not YAML, or holds something else than a mapping."""
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        by = " (named by $APPORTION_CONFIG)" if named else ""
+        raise ConfigError(
+            f"configuration file {path}{by} cannot be read: {exc.strerror or exc}",
+            key="",
+            source=f"file {path}",
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(
+            f"configuration file {path} is not valid YAML{where}: {problem}",
+            key="",
+            source=f"file {path}",
+        ) from None
+    if not isinstance(loaded, Mapping):
+        raise ConfigError(
+            f"configuration file {path} must hold a mapping (key: value), "
+            f"not a {type(loaded).__name__}",
+            key="",
+            source=f"file {path}",
+        )
+    return loaded
 
 
 def _canonical_tree(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[str, Any]:

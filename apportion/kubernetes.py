@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from apportion import config
+from apportion.cluster_base import Cluster
 from apportion.port_forward import Forwarder, PortForwardError, cluster_ports, forward_cluster
 from apportion.protocol.comm import parse_address
-from apportion.reprs import dashboard_link
 
 GROUP, VERSION, PLURAL = "apportion.dev", "v1alpha1", "resourceclusters"
 
@@ -95,8 +95,10 @@ def _apis(kubeconfig: str | None) -> tuple[Any, Any]:
     return client.CustomObjectsApi(), client.CoreV1Api()
 
 
-class KubeCluster:
-    """Create (or attach to) a ResourceCluster and wait until its workers are connected."""
+class KubeCluster(Cluster):
+    """Create (or attach to) a ResourceCluster and wait until its workers are connected.
+    Answers what every cluster does (apportion/cluster_base.py), sizing through the
+    operator: ``scale`` and ``adapt`` take the worker group (``group=``)."""
 
     def __init__(
         self,
@@ -307,10 +309,14 @@ class KubeCluster:
         workers are connected."""
         if n < 0:
             raise ValueError(f"replicas must be >= 0, got {n}")
+        self._stop_adapting()  # an adapt() of the base's, never started here: a no-op
         group = self._patch_group(group, {"replicas": n})
         self._wait(self._all_connected, f"{n} workers in group {group}")
 
-    def adapt(
+    def _scale_to(self, n: int) -> None:
+        self.scale(n)
+
+    def adapt(  # type: ignore[override]  # the operator adapts: no interval here
         self,
         minimum: int = 0,
         maximum: int = 1,
@@ -371,15 +377,14 @@ class KubeCluster:
             for pod in sorted(pods, key=lambda p: p.metadata.name)
         }
 
-    @property
-    def dashboard_link(self) -> str | None:
-        """The scheduler's dashboard, signed in with the cluster's token."""
+    def _http_port(self) -> int | None:
+        """The scheduler's dashboard port, forwarded to this machine or in the cluster."""
         forwarded = self._forwarded.get("dashboard")
         port = forwarded.port if forwarded else cluster_ports(self.resource())["dashboard"]
-        return dashboard_link(self.scheduler_address, port, self.token)
+        return int(port) if port else None
 
     # --------------------------------------------------------------- lifecycle
-    def close(self) -> None:
+    def _shut_down(self) -> None:
         """Delete the ResourceCluster; Kubernetes removes everything it owns."""
         from kubernetes.client.exceptions import ApiException
 
@@ -402,11 +407,9 @@ class KubeCluster:
     def __enter__(self) -> KubeCluster:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"<KubeCluster {self.namespace}/{self.name} at {self._address or '?'}>"
+    def _address_for_repr(self) -> str:
+        """The address last looked up (a repr makes no API calls for it)."""
+        return self._address or f"{self.namespace}/{self.name}"
 
 
 def _can_connect(host: str, port: int) -> bool:

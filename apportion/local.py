@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import enum
 import json
 import logging
+import math
 import os
 import select
 import signal
@@ -20,8 +22,10 @@ from typing import Any
 from apportion import config
 from apportion.auth import TOKEN_ENV, generate_token
 from apportion.backoff import RestartBackoff
+from apportion.cluster_base import Cluster
+from apportion.cluster_ops import run_on_workers
+from apportion.logs import line_count, recent_lines
 from apportion.process import (
-    LOG_LEVEL_ENV,
     PARENT_PID_ENV,
     after_exit,
     read_announcements,
@@ -30,7 +34,6 @@ from apportion.process import (
 from apportion.protocol.comm import parse_address
 from apportion.protocol.frames import PROTOCOL_VERSION, ProtocolError, decode, encode
 from apportion.protocol.reader import FrameReader
-from apportion.reprs import dashboard_link, summary_html
 from apportion.resources import format_resources, validate
 
 logger = logging.getLogger("apportion.local")
@@ -57,53 +60,191 @@ class WorkerProcess:
         return self.process.pid
 
 
-class LocalCluster:
+class _Default(enum.Enum):
+    """An argument not given (None means "none" for some of them)."""
+
+    VALUE = 0
+
+
+DEFAULT = _Default.VALUE
+# Where Dask's LocalCluster serves its dashboard, and so ours (a free port when taken).
+DASHBOARD_PORT = 8787
+WORKER_FIELDS = ("name", "nthreads", "resources", "memory_limit")
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity, as containers and taskset set it)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_shape(
+    cpus: int, n_workers: int | None, threads_per_worker: int | None
+) -> tuple[int, int]:
+    """``(workers, threads each)`` over every core, as Dask chooses: up to 4 cores one
+    worker each, else about sqrt(cores) workers; a given count sets the other."""
+    if n_workers is None and threads_per_worker is None:
+        if cpus <= 4:
+            return cpus, 1
+        workers = min(f for f in range(1, cpus + 1) if cpus % f == 0 and f * f >= cpus)
+        return workers, cpus // workers
+    if n_workers is None:
+        assert threads_per_worker is not None
+        return max(1, cpus // threads_per_worker), threads_per_worker
+    if threads_per_worker is None:
+        return n_workers, max(1, cpus // max(n_workers, 1))
+    return n_workers, threads_per_worker
+
+
+def dashboard_port(
+    dashboard_address: str | int | _Default | None,
+    http_port: int | _Default | None,
+    host: str,
+) -> tuple[int | None, bool]:
+    """The HTTP port to ask the scheduler for, and whether it is only preferred (Dask's
+    default, 8787: any free port when it is taken). None: no dashboard."""
+    if http_port is not DEFAULT and dashboard_address is not DEFAULT:
+        raise ValueError("give dashboard_address (Dask's spelling) or http_port, not both")
+    if http_port is not DEFAULT:
+        return http_port, False
+    if dashboard_address is DEFAULT:
+        return DASHBOARD_PORT, True
+    if dashboard_address is None:
+        return None, False
+    if isinstance(dashboard_address, int) and not isinstance(dashboard_address, bool):
+        return dashboard_address, False
+    if not isinstance(dashboard_address, str):
+        raise TypeError(
+            f"dashboard_address must be ':PORT' or 'HOST:PORT' (or None), not {dashboard_address!r}"
+        )
+    where, _, port = dashboard_address.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(
+            f"dashboard_address {dashboard_address!r} names no port: write ':8787', "
+            "':0' (any free port) or None (no dashboard)"
+        )
+    if where and where.strip("[]") not in (host, "localhost" if host == "127.0.0.1" else host):
+        raise ValueError(
+            f"dashboard_address {dashboard_address!r}: the dashboard is served on the "
+            f"scheduler's interface, host={host!r}; give host= to change both"
+        )
+    return int(port), False
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether this process could listen on ``host:port`` now (as the scheduler will)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def worker_memory_argument(memory_limit: Any) -> str | None:
+    """What ``apportion worker --memory-limit`` is given for LocalCluster's
+    ``memory_limit``: None (Dask's "auto" and 0 included) leaves it to the worker's own
+    default; a number of bytes is given as such; any other text goes to the worker as
+    written, whose option parses it (units such as "4GB")."""
+    if memory_limit is None or memory_limit == "auto":
+        return None
+    if isinstance(memory_limit, bool):
+        raise TypeError(f"memory_limit must be bytes or a text such as '4GB', not {memory_limit!r}")
+    if isinstance(memory_limit, (int, float)):
+        if memory_limit < 0:
+            raise ValueError(f"memory_limit must be >= 0, got {memory_limit!r}")
+        return None if memory_limit == 0 else str(int(memory_limit))
+    if isinstance(memory_limit, str):
+        return memory_limit.strip()
+    raise TypeError(f"memory_limit must be bytes or a text such as '4GB', not {memory_limit!r}")
+
+
+IN_PROCESS_REFUSED = (
+    "processes=False is not supported: apportion runs each worker in a process of its own "
+    "(a worker's task threads, its resource ledger and its restart after a crash belong to "
+    "that process, and the client side never imports the worker's code). "
+    "LocalCluster(n_workers=1, threads_per_worker=N) is the nearest: one worker, N threads."
+)
+
+
+class LocalCluster(Cluster):
     """A scheduler plus worker processes on this machine, with an auth token of its own.
 
+    >>> LocalCluster()                 # workers x threads over every core, as Dask's
     >>> LocalCluster(n_workers=2, threads_per_worker=1, resources={"GPU": 1})
     >>> LocalCluster(workers=[{"name": "gpu-a", "nthreads": 4, "resources": {"GPU": 2}},
     ...                       {"name": "bigmem", "resources": {"MEMORY": 100e9}}])
 
-    Its processes log to this process's stderr at ``log_level`` (default: WARNING, or
-    ``$APPORTION_LOG_LEVEL`` when set), so that a program's output is its own.
+    Dask's arguments mean what they mean there: ``memory_limit`` (per worker: bytes, or a
+    text such as "4GB" the worker parses), ``dashboard_address`` (":8787" by default, a
+    free port when that one is taken; None: no dashboard; ``http_port`` is the same as a
+    number), ``processes`` (only True: see ``IN_PROCESS_REFUSED``), ``silence_logs``.
+
+    Its processes log to this process's stderr at ``log_level`` (default: the setting
+    ``logging.level``, else WARNING), so that a program's output is its own.
     """
 
     def __init__(
         self,
         n_workers: int | None = None,
-        threads_per_worker: int = 1,
+        threads_per_worker: int | None = None,
+        processes: bool | None = None,
+        memory_limit: str | float | None = "auto",
+        dashboard_address: str | int | _Default | None = DEFAULT,
         resources: dict[str, float] | None = None,
         workers: list[dict[str, Any]] | None = None,
-        host: str = "127.0.0.1",
+        host: str | None = None,
         scheduler_port: int = 0,
-        http_port: int | None = None,
+        http_port: int | _Default | None = DEFAULT,
         token: str | None = None,
         timeout: float = 60.0,
         log_level: str | None = None,
+        silence_logs: int | str | bool | None = None,
     ) -> None:
         if workers is not None and n_workers is not None:
             raise ValueError(
                 "give either n_workers (identical workers) or workers (a list), not both"
             )
+        if processes is False:
+            raise ValueError(IN_PROCESS_REFUSED)
+        for name, value in (("n_workers", n_workers), ("threads_per_worker", threads_per_worker)):
+            least = 0 if name == "n_workers" else 1
+            if value is not None and (type(value) is not int or value < least):
+                raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+        host = host or "127.0.0.1"
         self.host = host
         self.timeout = timeout
-        self.token = token or generate_token()
-        self.log_level = (log_level or os.environ.get(LOG_LEVEL_ENV) or "WARNING").upper()
+        self.token: str = token or generate_token()
+        self.log_level = _log_level(log_level, silence_logs)
+        self.memory_limit = memory_limit
         defaults = {**(config.get("worker.resources", {}) or {}), **(resources or {})}
         if workers is None:
-            count = n_workers if n_workers is not None else min(4, os.cpu_count() or 1)
-            workers = [
-                {"nthreads": threads_per_worker, "resources": defaults} for _ in range(count)
-            ]
+            count, threads = default_shape(usable_cpus(), n_workers, threads_per_worker)
+            self.threads_per_worker = threads
+            workers = [{"nthreads": threads, "resources": defaults} for _ in range(count)]
+        else:
+            self.threads_per_worker = threads_per_worker or 1
+        # What scale() starts more of: the shape of n_workers' workers, else the first given.
+        first = workers[0] if workers else {}
+        self._template_threads = int(first.get("nthreads") or self.threads_per_worker)
+        self._template_resources = {**defaults, **(first.get("resources") or {})}
         self._specs = [
-            self._normalise(i, spec, defaults, threads_per_worker) for i, spec in enumerate(workers)
+            self._normalise(i, spec, defaults, self.threads_per_worker, memory_limit)
+            for i, spec in enumerate(workers)
         ]
+        self._next_index = len(self._specs)
         self.workers: dict[str, WorkerProcess] = {}
         self._env = self._child_env()
-        self._closed = False
+        port, preferred = dashboard_port(dashboard_address, http_port, host)
+        if preferred and port is not None and not port_is_free(host, port):
+            logger.info("port %d is in use: serving the dashboard on a free port", port)
+            port = 0
         args = ["scheduler", "--host", host, "--port", str(scheduler_port)]
-        if http_port is not None:
-            args += ["--http-port", str(http_port)]
+        if port is not None:
+            args += ["--http-port", str(port)]
         launched = self._spawn(args)
         self._scheduler_process = launched[0]
         # Shared with the finalizer (which must not hold self): every process we started,
@@ -114,12 +255,21 @@ class LocalCluster:
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         try:
-            ready = self._await_ready([("scheduler", launched)])
-            self.scheduler_address: str = ready["scheduler"]["address"]
+            try:
+                ready = self._await_ready([("scheduler", launched)])
+            except RuntimeError:
+                if not preferred:
+                    raise
+                # The preferred port was taken between our look and the scheduler's bind.
+                launched = self._spawn([*args[:-1], "0"])
+                self._scheduler_process = launched[0]
+                self._schedulers.append(launched[0])
+                ready = self._await_ready([("scheduler", launched)])
+            self._address: str = ready["scheduler"]["address"]
             self.http_port: int | None = ready["scheduler"].get("http_port")
             # A restarted scheduler listens where this one does: its ports, now chosen.
-            port = str(parse_address(self.scheduler_address)[1])
-            self._scheduler_args = ["scheduler", "--host", host, "--port", port]
+            port_now = str(parse_address(self._address)[1])
+            self._scheduler_args = ["scheduler", "--host", host, "--port", port_now]
             if self.http_port is not None:
                 self._scheduler_args += ["--http-port", str(self.http_port)]
             self.start_workers(self._specs)
@@ -132,27 +282,38 @@ class LocalCluster:
         self._supervisor.start()
         atexit.register(self.close)
 
+    @property
+    def scheduler_address(self) -> str:
+        return self._address
+
     @staticmethod
     def _normalise(
-        index: int, spec: dict[str, Any], defaults: dict[str, float], nthreads: int
+        index: int,
+        spec: dict[str, Any],
+        defaults: dict[str, float],
+        nthreads: int,
+        memory_limit: Any = None,
     ) -> dict[str, Any]:
-        unknown = set(spec) - {"name", "nthreads", "resources"}
+        unknown = set(spec) - set(WORKER_FIELDS)
         if unknown:
             raise ValueError(
                 f"worker spec {spec!r} has unknown fields {sorted(unknown)}; "
-                "use name, nthreads, resources"
+                f"use {', '.join(WORKER_FIELDS)}"
             )
+        threads = spec.get("nthreads") or nthreads
+        if type(threads) is not int or threads < 1:
+            raise ValueError(f"worker spec {spec!r}: nthreads must be a whole number >= 1")
         return {
             "name": str(spec.get("name") or f"worker-{index}"),
-            "nthreads": int(spec.get("nthreads") or nthreads),
+            "nthreads": threads,
             "resources": validate({**defaults, **(spec.get("resources") or {})}, what="capacity"),
+            "memory_limit": worker_memory_argument(spec.get("memory_limit", memory_limit)),
         }
 
     def _child_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env[TOKEN_ENV] = self.token
         env[PARENT_PID_ENV] = str(os.getpid())
-        env[LOG_LEVEL_ENV] = self.log_level
         # Settings made with apportion.config.set in this process apply to the workers too.
         env[config.INHERITED_ENV] = json.dumps(config.snapshot(), default=str)
         return env
@@ -160,7 +321,10 @@ class LocalCluster:
     def _spawn(self, args: list[str]) -> tuple[subprocess.Popen, int]:
         read_end, write_end = os.pipe()
         process = subprocess.Popen(
-            [sys.executable, "-m", "apportion", *args, "--ready-fd", str(write_end)],
+            [
+                *(sys.executable, "-m", "apportion", *args),
+                *("--log-level", self.log_level, "--ready-fd", str(write_end)),
+            ],
             env=self._env,
             pass_fds=(write_end,),
             stdin=subprocess.DEVNULL,
@@ -215,6 +379,7 @@ class LocalCluster:
     def start_workers(self, specs: list[dict[str, Any]]) -> list[WorkerProcess]:
         """Start more workers (each ``{"name", "nthreads", "resources"}``) and wait for them."""
         specs = [self._normalise(len(self.workers) + i, s, {}, 1) for i, s in enumerate(specs)]
+        self._next_index = max(self._next_index, len(self.workers) + len(specs))
         clash = [s["name"] for s in specs if s["name"] in self.workers]
         if clash:
             raise ValueError(f"workers named {clash} already exist in this cluster")
@@ -231,6 +396,8 @@ class LocalCluster:
                     "--host",
                     self.host,
                 ]
+                if spec["memory_limit"] is not None:
+                    args += ["--memory-limit", spec["memory_limit"]]
                 if spec["resources"]:
                     args += [
                         "--resources",
@@ -351,10 +518,7 @@ class LocalCluster:
         notices, worker.notices = worker.notices, None
         return said_it_stopped(read_announcements(notices))
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _shut_down(self) -> None:
         atexit.unregister(self.close)
         self._stopping.set()
         with self._lock:
@@ -367,31 +531,112 @@ class LocalCluster:
     def __enter__(self) -> LocalCluster:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _http_port(self) -> int | None:
+        return self.http_port
 
-    @property
-    def dashboard_link(self) -> str | None:
-        """The dashboard, signed in (only with ``http_port``: e.g. ``http_port=0``)."""
-        return dashboard_link(self.scheduler_address, self.http_port, self.token)
+    # ------------------------------------------------------------------ sizing
+    def scale(self, n: int | None = None, *, cores: int | None = None) -> None:
+        """Run ``n`` workers (or enough for ``cores`` threads), like the first ones:
+        new ones start and are waited for; surplus ones are retired (idle ones first,
+        their results moved to workers that stay) and exit."""
+        if (n is None) == (cores is None):
+            raise TypeError("scale takes a number of workers, or cores=")
+        if cores is not None:
+            n = math.ceil(cores / self._template_threads)
+        assert n is not None
+        super().scale(n)
 
-    def _repr_html_(self) -> str:
-        specs = {s["name"]: {"name": s["name"], **s} for s in self._specs}
-        info = {"workers": specs, "clients": 0, "tasks": {}}
-        return summary_html("LocalCluster", self.scheduler_address, self.dashboard_link, info)
+    def _scale_to(self, n: int) -> None:
+        with self._lock:
+            running = [w.name for w in self.workers.values() if w.supervised]
+        if n > len(running):
+            specs = []
+            for _ in range(n - len(running)):
+                specs.append(
+                    {
+                        "name": f"worker-{self._next_index}",
+                        "nthreads": self._template_threads,
+                        "resources": self._template_resources,
+                    }
+                )
+                self._next_index += 1
+            self.start_workers([{**spec, "memory_limit": self.memory_limit} for spec in specs])
+        elif n < len(running):
+            for name in self._retire(running, len(running) - n):
+                self._forget(name)
+        self._wait_for_scheduler_to_see(n)
 
-    def __repr__(self) -> str:
-        """The workers running now (not those killed or closed)."""
-        parts = ", ".join(
+    def _wait_for_scheduler_to_see(self, n: int) -> None:
+        """Return once the scheduler counts ``n`` workers in service, as scale promises
+        (a worker is ready a moment before the scheduler has registered it)."""
+        deadline = time.monotonic() + self.timeout
+        delay = 0.01
+        while True:
+            workers = self._info()["workers"].values()
+            if sum(1 for w in workers if not w.get("retiring")) == n:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the scheduler did not see {n} workers within {self.timeout}s")
+            time.sleep(delay)  # polling the scheduler, backing off
+            delay = min(delay * 2, 0.25)
+
+    def _forget(self, name: str) -> None:
+        """Let a retired worker's process exit and drop it from the cluster."""
+        with self._lock:
+            worker = self.workers.get(name)
+            if worker is None:
+                return
+            worker.supervised = False
+        try:
+            worker.process.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            worker.process.wait()
+        with self._lock:
+            self.workers.pop(name, None)
+            self._children.pop(name, None)
+            if worker.notices is not None:
+                os.close(worker.notices)
+                worker.notices = None
+
+    # ----------------------------------------------------------- observability
+    def get_logs(self, n: int | None = None) -> dict[str, str]:
+        """The last ``n`` log lines (default: all kept) of the scheduler (``"Scheduler"``)
+        and of each worker (by name), each as one text."""
+        count = line_count(n)
+        logs = {"Scheduler": "\n".join(self._request({"op": "logs", "n": count})["lines"])}
+        session = self._session()
+        names = {w.address: name for name, w in self.workers.items()}
+        lines = run_on_workers(session, session.functions.dumps(recent_lines), (count,))
+        for address, kept in sorted(lines.items()):
+            logs[names.get(address, address)] = "\n".join(kept)
+        return logs
+
+    def _running_for_repr(self) -> str:
+        """The workers running now (not those killed, retired or closed)."""
+        return ", ".join(
             f"{w.name}({format_resources(w.resources)})"
             for w in list(getattr(self, "workers", {}).values())
             if w.process.poll() is None
         )
-        port = getattr(self, "http_port", None)
-        dashboard = f" dashboard: http://{self.host}:{port}/dashboard" if port else ""
-        return (
-            f"<LocalCluster {getattr(self, 'scheduler_address', '?')} workers: {parts}{dashboard}>"
-        )
+
+
+def _log_level(log_level: str | None, silence_logs: int | str | bool | None) -> str:
+    """The level LocalCluster's processes print at: ``log_level``, else Dask's
+    ``silence_logs`` (a level; False: INFO), else ``logging.level``, else WARNING."""
+    if log_level is None and silence_logs is not None:
+        if silence_logs is False:
+            log_level = "INFO"
+        elif silence_logs is True:
+            log_level = "WARNING"
+        elif isinstance(silence_logs, int):
+            log_level = logging.getLevelName(silence_logs)
+        else:
+            log_level = silence_logs
+    level = str(log_level or config.get("logging.level") or "WARNING").upper()
+    if not isinstance(logging.getLevelName(level), int):
+        raise ValueError(f"unknown log level {level!r}: use DEBUG, INFO, WARNING or ERROR")
+    return level
 
 
 def _tell_scheduler(address: str, token: str, message: dict[str, Any]) -> None:

@@ -28,12 +28,11 @@ from typing import Any
 
 from tornado.ioloop import PeriodicCallback
 
-from apportion import aio
+from apportion import aio, config
 from apportion.aio import background
 
 # LocalCluster sets this so its children exit if it dies without cleaning up.
 PARENT_PID_ENV = "APPORTION_INTERNAL_PARENT_PID"
-LOG_LEVEL_ENV = "APPORTION_LOG_LEVEL"
 
 EXIT_CRASHED = 1
 EXIT_STARTUP_FAILED = 2
@@ -42,10 +41,10 @@ logger = logging.getLogger("apportion")
 
 
 def setup_logging(level: str | None = None) -> None:
-    """Log to stderr at ``level`` (default INFO, or $APPORTION_LOG_LEVEL). Records of INFO
-    and above are still made when stderr shows less, because the process keeps its recent
-    lines for ``client.get_*_logs()`` (apportion/logs.py)."""
-    name = (level or os.environ.get(LOG_LEVEL_ENV, "INFO")).upper()
+    """Log to stderr at ``level`` (default: the setting ``logging.level``, else INFO).
+    Records of INFO and above are still made when stderr shows less, because the process
+    keeps its recent lines for ``client.get_*_logs()`` (apportion/logs.py)."""
+    name = str(level or config.get("logging.level") or "INFO").upper()
     shown = logging.getLevelName(name)
     if not isinstance(shown, int):
         raise ValueError(f"unknown log level {name!r}: use DEBUG, INFO, WARNING or ERROR")

@@ -33,6 +33,7 @@ from tornado.ioloop import PeriodicCallback
 
 from apportion import config, shared_memory
 from apportion.aio import background
+from apportion.backoff import QuietRetries
 from apportion.core.context import TaskInfo, WorkerInfo, set_current
 from apportion.core.task_host import close_clients
 from apportion.errors import InputLoadError, Reschedule
@@ -173,6 +174,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         delay = 0.05
+        started, reports = loop.time(), QuietRetries()
         while True:
             try:
                 comm, _ = await connect(self.scheduler_address, "worker", self.token, hello)
@@ -189,7 +191,13 @@ class Worker:
                         f"no scheduler at {self.scheduler_address} after {timeout:g}s: {exc}"
                     ) from None
                 problem = exc
-            logger.info("waiting for scheduler %s: %s", self.scheduler_address, problem)
+            if reports.due(loop.time() - started):
+                logger.info(
+                    "waiting for scheduler %s (%.0fs so far): %s",
+                    self.scheduler_address,
+                    loop.time() - started,
+                    problem,
+                )
             await asyncio.sleep(delay)  # back-off between connection attempts
             delay = min(delay * 2, 2.0)
         logger.info(

@@ -275,10 +275,10 @@ def test_reprs_name_workers_resources_and_the_dashboard(
     assert f":{cluster.http_port}/dashboard" in repr(cluster) and cluster.token not in repr(cluster)
 
 
-def test_no_http_port_means_no_dashboard_link() -> None:
-    with LocalCluster(n_workers=1) as plain, Client(plain) as client:
+def test_no_dashboard_means_no_dashboard_link() -> None:
+    with LocalCluster(n_workers=1, dashboard_address=None) as plain, Client(plain) as client:
         assert client.dashboard_link is None
-        assert plain.dashboard_link is None
+        assert plain.dashboard_link == ""
 
 
 def test_metrics_need_the_token(cluster: LocalCluster) -> None:

@@ -1,18 +1,22 @@
 """The README's self-contained Python examples work when pasted: each, run as a script,
 prints what its comments say. (The "Running a cluster by hand" and "Coming from Dask"
-examples have tests of their own; the Kubernetes one needs a cluster: tests/k8s.)"""
+examples have tests of their own; the Kubernetes one needs a cluster: tests/k8s.) A
+section given a Python block is run by a test, or this file fails until it is."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.test_readme_commands import blocks, section
+from tests.integration.test_readme_commands import README, blocks, section
+
+DASK_PAGE = README.parent / "docs" / "dask.md"
 
 
-def run_example(title: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    (code,) = blocks(section(title), "python")
+def run_example(title: str, cwd: Path, page: Path = README) -> subprocess.CompletedProcess[str]:
+    (code,) = blocks(section(title, page), "python")
     script = cwd / "example.py"
     script.write_text(code)
     done = subprocess.run(
@@ -40,3 +44,25 @@ def test_the_dashboard_example_runs_as_pasted(tmp_path: Path) -> None:
     ]
     assert "apportion.scheduler" in lines[-2]  # the scheduler's last log lines
     assert lines[-1] == "['gpu-a']"
+
+
+# Sections of the README whose Python blocks run elsewhere: by hand (test_readme_commands),
+# Coming from Dask (test_coming_from_dask_readme), On Kubernetes (tests/k8s).
+RUN_ELSEWHERE = {"Running a cluster by hand", "Coming from Dask", "On Kubernetes"}
+RUN_HERE = {"Quick start", "Dask collections", "The dashboard"}
+
+
+def test_every_python_block_of_the_readme_is_run_by_a_test() -> None:
+    text = README.read_text()
+    titles = re.findall(r"^## (.+)$", text, flags=re.M)
+    with_python = {title for title in titles if blocks(section(title), "python")}
+    assert with_python == RUN_HERE | RUN_ELSEWHERE
+
+
+def test_starting_a_cluster_as_in_dask_runs_as_pasted(tmp_path: Path) -> None:
+    done = run_example("Starting a cluster as in Dask", tmp_path, DASK_PAGE)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("<Client ") and "workers=2, threads=2" in lines[0]
+    assert "resources=GPU=2" in lines[0]
+    assert lines[1:] == ["3", "3", "True"]
+    assert "reconnecting" not in done.stderr, done.stderr

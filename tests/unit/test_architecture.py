@@ -207,7 +207,8 @@ _CORE_FILES = {
 _CLIENT_FILES = {
     "session", "future_table", "client", "async_client", "futures", "cluster_ops",
     "coordination", "data", "default_client", "lineage", "worker_client", "progress", "reprs",
-    "performance_report", "stored_args", "local", "kubernetes", "port_forward", "process",
+    "performance_report", "stored_args", "local", "cluster_base", "kubernetes", "port_forward",
+    "process",
     # the client's reconnection to a restarted scheduler
     "reconnect",
 }  # fmt: skip
