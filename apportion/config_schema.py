@@ -304,9 +304,9 @@ SETTINGS: tuple[Setting, ...] = (
         "operator.peering.name",
         "string",
         None,
-        "Name of the KopfPeering object shared by several operator replicas: the one of "
-        "highest priority acts, the others stand by; None: a single operator runs "
-        "standalone.",
+        "Several operator replicas: the name of their leader election (the Lease "
+        "<name>-leader in the operator's namespace); the replica holding it acts, the others "
+        "stand by. None: a single operator, always acting.",
         optional=True,
         legacy_env="APPORTION_OPERATOR_PEERING",
     ),
@@ -314,8 +314,9 @@ SETTINGS: tuple[Setting, ...] = (
         "operator.peering.lifetime",
         "integer",
         20,
-        "Seconds a replica's peering record lives unless renewed: a standby replica takes "
-        "over within this long after the acting one dies.",
+        "Seconds the leader's Lease lives unless renewed: a standby replica takes over this "
+        "long after the acting one stopped renewing it (it stops acting two thirds of the "
+        "way there).",
         legacy_env="APPORTION_OPERATOR_PEERING_LIFETIME",
     ),
 )

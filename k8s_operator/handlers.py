@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import random
 import socket
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -53,30 +52,25 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Reconciles are synchronous and may wait on a scheduler's retire call: many clusters
     # need more threads than the default (CPUs + 4).
     settings.execution.max_workers = SETTINGS.threads
+    # Every replica runs kopf on its own (fresh caches from its own watches, so a replica
+    # that takes over never plans from what it saw long ago); which one acts is decided
+    # by a Lease (leadership.py), checked before every step of a reconcile.
+    settings.peering.standalone = True
     peering = SETTINGS.peering
     if peering.name:
-        # Several replicas: the one of highest priority acts, the others pause until its
-        # peering record expires (it renews it every lifetime - 5..10 s while alive).
-        # Random priorities: kopf pauses every replica when two priorities are equal.
-        settings.peering.standalone = False
-        settings.peering.mandatory = True
-        settings.peering.name = peering.name
-        settings.peering.priority = random.randint(1, 2**30)
-        settings.peering.lifetime = peering.lifetime
-        # kopf starts every peering replica paused and logs only changes of that state
-        # ("Resuming operations", "Pausing operations"): one that starts beside a live replica
-        # of higher priority stands by without a word. Say so at start.
-        logger.info(
-            "peering %r: standing by until no live replica of higher priority than %d is "
-            "listed in it",
-            peering.name,
-            settings.peering.priority,
+        elector = leadership.Elector(
+            f"{peering.name}-leader",
+            _own_namespace(),
+            _identity(),
+            lease_seconds=peering.lifetime,
         )
-        # kopf's peering cannot stop a replica that was frozen from acting when it wakes:
-        # only the holder of a freshly renewed Lease acts (leadership.py).
-        elector = leadership.Elector(f"{peering.name}-leader", _own_namespace(), _identity())
         leadership.may_act = elector.acting
         elector.start()
+        logger.info(
+            "leader election: %s standing by until it holds the Lease %s-leader",
+            elector.me,
+            peering.name,
+        )
 
 
 def _identity() -> str:

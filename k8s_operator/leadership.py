@@ -1,13 +1,13 @@
 """Which operator replica may act: a Kubernetes Lease, held and renewed by one replica.
 
-kopf's peering keeps one replica active in the usual case, but it cannot stop a replica
-that was frozen (a paused container, a stalled node) from acting on what it saw before
-when it wakes: its timers fire at once, from caches that missed everything meanwhile. The
-Lease fences that: a replica acts only while its own last renewal is younger than
-RENEW_DEADLINE by its monotonic clock (which runs on while a process is stopped), and the
-others take the Lease only after it went unrenewed for LEASE_SECONDS by theirs, later than
-that deadline. A replica that finds another holding the Lease it held exits: its next
-start reads everything afresh (the pattern of controller-runtime's leader election).
+Every replica watches (its caches stay fresh, so one that takes over plans from what is
+true now), but only the holder of the Lease acts. A replica that was frozen (a paused
+container, a stalled node) must not act on waking from what it saw before: it acts only
+while its own last renewal is younger than two thirds of the lease by its monotonic clock
+(which runs on while a process is stopped), and the others take the Lease only after it
+went unrenewed for the whole lease by theirs, later than that. A replica that finds
+another holding the Lease it held exits: its next start reads everything afresh (the
+pattern of controller-runtime's leader election).
 
 Decisions are pure (``next_move``, ``Fence``); ``Elector`` is the thread that talks to
 the API server.
@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 logger = logging.getLogger("apportion.operator")
 
-LEASE_SECONDS = 15  # unrenewed this long (as another replica sees it), the Lease is free
-RENEW_DEADLINE = 10.0  # a replica stops acting this long after its last renewal
+LEASE_SECONDS = 15.0  # unrenewed this long (as another replica sees it), the Lease is free
+RENEW_DEADLINE = LEASE_SECONDS * 2 / 3  # a replica stops acting this long after renewing
 RETRY_SECONDS = 2.0
 
 
@@ -97,8 +97,10 @@ class Elector:
         namespace: str,
         me: str,
         on_lost: Callable[[str], None] | None = None,
+        lease_seconds: float = LEASE_SECONDS,
     ) -> None:
         self.name, self.namespace, self.me = name, namespace, me
+        self.lease_seconds = lease_seconds
         self.fence = Fence()
         self.on_lost = on_lost or _exit
         self._observed: Record | None = None
@@ -109,7 +111,7 @@ class Elector:
         threading.Thread(target=self._run, name="leader-election", daemon=True).start()
 
     def acting(self) -> bool:
-        return self.fence.acting(time.monotonic())
+        return self.fence.acting(time.monotonic(), self.lease_seconds * 2 / 3)
 
     def _run(self) -> None:
         from kubernetes import client
@@ -143,14 +145,16 @@ class Elector:
             self.fence.renewed_at = None
             self.on_lost(str(record.holder))
             return
-        move = next_move(record, self.me, self._observed, self._observed_at, now)
+        move = next_move(
+            record, self.me, self._observed, self._observed_at, now, self.lease_seconds
+        )
         if move == "wait":
             return
         sent = time.monotonic()  # the fence counts from before the request
         renewed = _now_micro()
         spec: dict[str, Any] = {
             "holderIdentity": self.me,
-            "leaseDurationSeconds": LEASE_SECONDS,
+            "leaseDurationSeconds": int(self.lease_seconds),
             "renewTime": renewed,
             "leaseTransitions": (record.transitions if record else 0)
             + (0 if move == "renew" else 1),

@@ -4,6 +4,8 @@ policy and pull secrets are the default of every ResourceCluster that names none
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +15,7 @@ from .controlplane import REPO_ROOT, Cluster
 from .deployment import Deployment, deploy_operator
 from .paths import pods_mode
 from .test_harness import podman
+from .test_operator_failures_e2e import wait_reconciled_after
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
 
@@ -92,71 +95,84 @@ def operator_pods(deployed: Deployment) -> list[dict]:
     ]
 
 
-def acting(deployed: Deployment, pod: dict) -> bool:
-    """Whether the operator in ``pod`` acts, from the peering lines of its log: a replica
-    starts paused and logs only changes (a replica that starts beside a live one of higher
-    priority stands by without a line of kopf's)."""
-    log = deployed.k8s.pod_log(pod["metadata"]["name"], deployed.system)
-    return log.rfind("Resuming operations") > log.rfind("Pausing operations")
-
-
-def timer_runs(deployed: Deployment, pod: dict) -> int:
-    log = deployed.k8s.pod_log(pod["metadata"]["name"], deployed.system)
-    return sum("on_timer" in line and "succeeded" in line for line in log.splitlines())
-
-
-def peers(deployed: Deployment, release: str) -> dict[str, int]:
-    """The replicas listed in the release's KopfPeering object: pod name -> priority."""
-    found = deployed.kubectl(
-        "get", "kopfpeering", f"{release}-apportion", "-o", "json", check=False
-    )
+def lease_holder(deployed: Deployment, release: str) -> str | None:
+    """The operator replica (pod name) holding the leader-election Lease, if any."""
+    found = deployed.k8s.kubectl(
+        "get", "lease", f"{release}-apportion-leader", "-n", deployed.system, "-o", "json",
+        check=False,
+    )  # fmt: skip
     if found.returncode:
-        return {}
-    status = json.loads(found.stdout).get("status") or {}
-    return {name: peer["priority"] for name, peer in status.items()}
+        return None
+    return json.loads(found.stdout)["spec"].get("holderIdentity")
 
 
-def test_two_replicas_one_acts_and_the_other_takes_over_mid_scale(deployed: Deployment) -> None:
+def freeze(deployed: Deployment, pod: dict, frozen: bool) -> None:
+    """Pauses (or resumes) every process of an operator pod, as a stalled node would."""
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    if deployed.k8s.pods == "containers":
+        restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+        container = f"k8s_operator_{name}_{deployed.system}_{uid[:8]}_{restarts}"
+        podman("unpause" if not frozen else "pause", container)
+    else:
+        pid_file = deployed.k8s.pods_dir / deployed.system / name / uid / "operator.pid"
+        os.killpg(int(pid_file.read_text()), signal.SIGSTOP if frozen else signal.SIGCONT)
+
+
+def test_two_replicas_one_acts_and_a_frozen_one_never_acts_again(deployed: Deployment) -> None:
     release = "op-" + deployed.system.rsplit("-", 1)[-1]
     deployed.k8s.helm(
         "upgrade", release, str(CHART), "-n", deployed.system, "--reuse-values",
         "--set", "operator.replicas=2", "--wait", "--timeout", "3m",
     )  # fmt: skip
 
-    def one_acting() -> tuple[dict, dict] | None:
+    def one_holding() -> tuple[dict, dict] | None:
         pods = operator_pods(deployed)
-        listed = peers(deployed, release)
-        if len(pods) != 2 or not {p["metadata"]["name"] for p in pods} <= listed.keys():
-            return None
-        active = [p for p in pods if acting(deployed, p)]
-        standing_by = [p for p in pods if not acting(deployed, p)]
-        return (active[0], standing_by[0]) if len(active) == 1 else None
+        holder = lease_holder(deployed, release)
+        active = [p for p in pods if p["metadata"]["name"] == holder]
+        others = [p for p in pods if p["metadata"]["name"] != holder]
+        return (active[0], others[0]) if len(pods) == 2 and len(active) == 1 else None
 
-    active, standby = deployed.wait(one_acting, "two operators listed, one of them acting")
-    listed = peers(deployed, release)
-    assert listed[active["metadata"]["name"]] > listed[standby["metadata"]["name"]], listed
+    active, standby = deployed.wait(one_holding, "two operators, one holding the Lease")
     cluster = cpu_cluster("relay", 11586)
+    cluster["spec"]["workerGroups"][0]["replicas"] = 2
     deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(cluster))
-    deployed.wait_running("relay", {"cpu": 1})
-    assert timer_runs(deployed, active) > 0
-    assert timer_runs(deployed, standby) == 0, "the replica standing by reconciled"
+    deployed.wait_running("relay", {"cpu": 2})
+    standby_log = deployed.k8s.pod_log(standby["metadata"]["name"], deployed.system)
+    assert "holds Lease" not in standby_log, "the replica standing by took the lead"
 
-    cluster["spec"]["workerGroups"][0]["replicas"] = 3
-    deployed.kubectl("apply", "-f", "-", input=yaml.safe_dump(cluster))
-    deployed.k8s.kubectl(
-        "delete", "pod", active["metadata"]["name"], "-n", deployed.system, "--grace-period=0",
-        "--force", "--wait=false",
-    )  # fmt: skip
-    deployed.wait_running("relay", {"cpu": 3})
-    # The one acting now: the standby (resumed once the dead one's record expired) or the
-    # replacement pod, when its random priority is higher; never both.
-    live = operator_pods(deployed)
-    assert active["metadata"]["uid"] not in {p["metadata"]["uid"] for p in live}
-    deployed.wait(
-        lambda: (
-            sum(acting(deployed, p) for p in operator_pods(deployed)) == 1
-            and len(operator_pods(deployed)) == 2
-        ),
-        "exactly one of the two operators acting",
-    )
+    # The acting replica freezes; the group is scaled 2 -> 1 meanwhile. The other replica
+    # takes over and retires exactly one worker: never both, never from a stale view.
+    freeze(deployed, active, True)
+    try:
+        deployed.kubectl("scale", "rworkergroup", "relay-cpu", "--replicas=1")
+        fewest = [2]
+
+        def scaled_down_by_the_other() -> bool:
+            connected = deployed.group("relay", "cpu").get("connectedWorkers", 0)
+            fewest[0] = min(fewest[0], connected)
+            holder = lease_holder(deployed, release)
+            return (
+                holder == standby["metadata"]["name"]
+                and connected == 1
+                and (
+                    len(deployed.pods("app.kubernetes.io/instance=relay,apportion.dev/group=cpu"))
+                    == 1
+                )
+            )
+
+        deployed.wait(scaled_down_by_the_other, "the standby took over and scaled to 1", 180)
+    finally:
+        freeze(deployed, active, False)
+
+    # Woken, the frozen replica finds the Lease taken and exits rather than act.
+    def restarted() -> bool:
+        pods = {p["metadata"]["uid"]: p for p in operator_pods(deployed)}
+        mine = pods.get(active["metadata"]["uid"])
+        return mine is not None and mine["status"]["containerStatuses"][0]["restartCount"] > 0
+
+    deployed.wait(restarted, "the woken replica restarted", timeout=120)
+    wait_reconciled_after(deployed, "relay")
+    assert fewest[0] >= 1, "the group went to 0 workers"
+    assert deployed.group("relay", "cpu")["connectedWorkers"] == 1
+    assert lease_holder(deployed, release) == standby["metadata"]["name"]
     deployed.kubectl("delete", "resourcecluster", "relay", "--wait=true")

@@ -62,9 +62,6 @@ helm.sh/chart: {{ include "apportion.chart" . }}
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-- apiGroups: ["kopf.dev"]
-  resources: ["kopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
 {{- end }}
 
 {{/* Cluster-scoped reads that kopf needs in every mode. */}}
