@@ -169,7 +169,7 @@ def processing(client: Client) -> int:
 def test_an_urgent_task_runs_before_less_urgent_work_already_prefetched(tmp_path: Path) -> None:
     log, gate = str(tmp_path / "log"), str(tmp_path / "gate")
     with config.set({"scheduler.worker-prefetch": 1}):
-        with LocalCluster(n_workers=1) as cluster, Client(cluster) as client:
+        with LocalCluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as client:
             blocker = client.submit(logged, "blocker", log, gate)
             wait_until(lambda: os.path.exists(log), what="the blocker running")
             prefetched = client.submit(logged, "prefetched", log)

@@ -62,10 +62,16 @@ def port_holder(port: int) -> str | None:
     return f"a process this user cannot see ({' '.join(lines[0].split())})"
 
 
-def require_free_ports(ports: Sequence[int], why: str) -> None:
-    """Fails at once, naming the holder, when one of ports is taken: otherwise a pod that
-    cannot listen there makes a test time out minutes later with no reason shown."""
-    taken = [(port, holder) for port in ports if (holder := port_holder(port)) is not None]
+def require_free_ports(ports: Sequence[int], why: str, patience: float = 30.0) -> None:
+    """Fails, naming the holder, when one of ports is still taken after ``patience``
+    seconds (a cluster of an earlier test may be closing): otherwise a pod that cannot
+    listen there makes a test time out minutes later with no reason shown."""
+    deadline = time.monotonic() + patience
+    while True:
+        taken = [(port, holder) for port in ports if (holder := port_holder(port)) is not None]
+        if not taken or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     if taken:
         named = "; ".join(f"port {port} is held by {holder}" for port, holder in taken)
         raise RuntimeError(f"{named}: {why}. Stop it (or another test cluster) and run again")

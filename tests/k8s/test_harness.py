@@ -695,5 +695,5 @@ def test_a_taken_port_is_named_with_its_holder_before_anything_starts() -> None:
         listener.listen()
         port = listener.getsockname()[1]
         with pytest.raises(RuntimeError, match=rf"port {port} is held by pid {os.getpid()} "):
-            procs.require_free_ports([port], "pods listen there")
+            procs.require_free_ports([port], "pods listen there", patience=0.5)
     procs.require_free_ports([port], "pods listen there")  # free again: no error
