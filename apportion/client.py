@@ -44,7 +44,7 @@ from apportion.data import (
     scatter_keys,
     shaped_like,
 )
-from apportion.errors import SchedulerConnectionError
+from apportion.errors import FrameTooLargeError, SchedulerConnectionError
 from apportion.future_table import FutureTable
 from apportion.futures import Future, FutureState, collect_futures
 from apportion.logs import line_count, recent_lines, show_task_output
@@ -61,7 +61,13 @@ from apportion.serialize import (
     dumps_data,
     tokenize,
 )
-from apportion.session import Session, split_submission, submission_bytes, task_bytes_limit
+from apportion.session import (
+    Session,
+    split_submission,
+    submission_bytes,
+    task_bytes_limit,
+    too_large,
+)
 from apportion.stored_args import (
     KeptArgument,
     argument_value,
@@ -179,9 +185,7 @@ class Client(metaclass=_ClientType):
         ``workers`` (names or addresses) only on one of those, or preferring them when
         ``allow_other_workers``."""
         options = self._options(resources, retries, priority, workers, allow_other_workers)
-        spec, future = self._prepare(
-            func, args, kwargs, key, pure, options, limit=task_bytes_limit()
-        )
+        spec, future = self._prepare(func, args, kwargs, key, pure, options)
         if spec is not None:
             self._enqueue([spec])
         return future
@@ -210,7 +214,7 @@ class Client(metaclass=_ClientType):
         else:
             keys = [None] * len(rows)
         specs, futures = [], []
-        limit = task_bytes_limit()
+        limit = task_bytes_limit(self.session.peer_max_frame)
         for row, explicit in zip(rows, keys, strict=True):
             spec, future = self._prepare(
                 func,
@@ -300,12 +304,12 @@ class Client(metaclass=_ClientType):
                 f"of key {key!r}; give the new task another key"
             )
         if limit is None:
-            limit = task_bytes_limit()
+            limit = task_bytes_limit(self.session.peer_max_frame)
         if len(func_bytes) + len(args_bytes) > limit:
-            raise ValueError(
-                f"task {key!r} serializes to {len(func_bytes) + len(args_bytes):,} bytes, more "
-                f"than comm.max-frame-bytes allows ({limit:,}): pass large data as the result "
-                "of another task (a future) instead of as an argument"
+            raise FrameTooLargeError(
+                too_large(
+                    f"task {key!r}", len(func_bytes) + len(args_bytes), self.session.peer_max_frame
+                )
             )
         # Kept as the future's lineage: made of values the garbage collector can stop
         # tracking (a tuple of keys, no empty dict), so that the kept specs cost it nothing.
@@ -540,7 +544,7 @@ class Client(metaclass=_ClientType):
         if parent is not None:
             for spec in specs:  # kept with the lineage, for a new scheduler (lineage.py)
                 spec["parent"] = parent
-        budget = task_bytes_limit() // 2
+        budget = task_bytes_limit(self.session.peer_max_frame) // 2
         if submission_bytes(specs) <= budget:  # the usual case, measured at C speed
             batches = [specs]
         else:

@@ -24,7 +24,7 @@ from tornado.netutil import bind_sockets
 from apportion import config
 from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError
-from apportion.protocol.comm import format_address, refuse
+from apportion.protocol.comm import format_address, refuse, welcome
 from apportion.resources import validate
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class Scheduler:
             )
             return
         info: dict[str, Any] = {k: hello[k] for k in ("pid", "host") if k in hello}
-        comm.send({"op": "welcome", "scheduler": self.address})
+        comm.send(welcome(comm, scheduler=self.address))
         report, early = None, []
         if hello.get("report"):  # what it holds and runs comes first (see scheduler/recovery.py)
             try:
@@ -251,7 +251,7 @@ class Scheduler:
             return
         self.comms[client] = comm
         self.state.add_client(client)
-        comm.send({"op": "welcome", "client_id": client, "scheduler": self.address})
+        comm.send(welcome(comm, client_id=client, scheduler=self.address))
 
         def on_frame(messages: list[Message]) -> None:
             for message in messages:

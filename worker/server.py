@@ -38,7 +38,7 @@ from apportion.core.task_host import close_clients
 from apportion.errors import InputLoadError, Reschedule
 from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
-from apportion.protocol.comm import format_address, parse_address
+from apportion.protocol.comm import format_address, parse_address, welcome
 from apportion.protocol.rpc import ConnectionPool
 from apportion.resources import format_resources, validate
 from apportion.serialize import (
@@ -659,7 +659,7 @@ class Worker:
 
     # ------------------------------------------------------------ peer serving
     async def _serve_peer(self, comm: Comm, hello: Message) -> None:
-        comm.send({"op": "welcome", "name": self.name})
+        comm.send(welcome(comm, name=self.name))
         client = hello.get("client_id") if hello["role"] == "client" else None
         if isinstance(client, str):
             comm.allow_thread_writes()
