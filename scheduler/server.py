@@ -76,7 +76,7 @@ class Scheduler:
         self.planned_leaves: set[str] = set()
         self._periodic: list[PeriodicCallback] = []
         # Judges silent workers, and the scheduler's own stalls (see liveness.py).
-        self.liveness: Liveness[str] = Liveness()
+        self.liveness = Liveness()
         self._http: HTTPServer | None = None
         self.stopped = asyncio.Event()
 

@@ -642,7 +642,7 @@ class Worker:
 
     @staticmethod
     def _task_info(task: WorkerTask) -> TaskInfo:
-        return TaskInfo(task.key, dict(task.shape), task.units)
+        return TaskInfo(task.key, dict(task.shape), task.units, task.attempt)
 
     async def _on_run(self, message: Message) -> None:
         """``client.run``: call a function in this worker process and answer."""

@@ -142,3 +142,14 @@ def made_here() -> LoadsOnlyWhereMade:
 
 def maker_pid(value: LoadsOnlyWhereMade) -> int:
     return value.pid
+
+
+def logged_attempt(log: str, gate: str) -> int:
+    """Append ``<key> <attempt>`` to ``log``, block until the file ``gate`` exists, and
+    return this run's attempt number."""
+    task = get_worker().task
+    assert task is not None
+    with open(log, "a") as f:
+        f.write(f"{task.key} {task.attempt}\n")
+    wait_for_file(gate)
+    return task.attempt

@@ -7,7 +7,7 @@ from scheduler.liveness import CHECK_PERIOD, Liveness
 TIMEOUT = 30.0
 
 
-def _checks(liveness: Liveness[str], start: float, end: float, seen: dict[str, float]) -> list:
+def _checks(liveness: Liveness, start: float, end: float, seen: dict[str, float]) -> list:
     """Check once a period from ``start`` to ``end``; every verdict that removed someone."""
     removals = []
     now = start
@@ -20,7 +20,7 @@ def _checks(liveness: Liveness[str], start: float, end: float, seen: dict[str, f
 
 
 def test_one_silent_worker_among_live_ones_goes_after_the_timeout() -> None:
-    liveness: Liveness[str] = Liveness()
+    liveness = Liveness()
     seen = {"a": 0.0, "b": 0.0}
     for now in range(1, 40):
         seen["b"] = float(now)  # b keeps talking
@@ -32,7 +32,7 @@ def test_one_silent_worker_among_live_ones_goes_after_the_timeout() -> None:
 
 
 def test_after_a_stall_of_its_own_the_scheduler_judges_no_one_and_counts_from_then() -> None:
-    liveness: Liveness[str] = Liveness()
+    liveness = Liveness()
     seen = {"a": 0.0, "b": 0.0, "c": 0.0}
     assert _checks(liveness, 0.0, 5.0, seen) == []
     # Stopped for 40 s: every heartbeat since waits unread in its sockets.
@@ -44,7 +44,7 @@ def test_after_a_stall_of_its_own_the_scheduler_judges_no_one_and_counts_from_th
 
 
 def test_silence_is_counted_from_the_end_of_the_stall_for_a_worker_that_is_really_gone() -> None:
-    liveness: Liveness[str] = Liveness()
+    liveness = Liveness()
     seen = {"gone": 0.0, "alive": 0.0}
     liveness.check(0.0, TIMEOUT, seen)
     liveness.check(45.0, TIMEOUT, seen)  # a stall: counting starts again at 45
@@ -59,7 +59,7 @@ def test_silence_is_counted_from_the_end_of_the_stall_for_a_worker_that_is_reall
 
 
 def test_when_every_worker_looks_silent_at_once_the_scheduler_waits_one_more_timeout() -> None:
-    liveness: Liveness[str] = Liveness()
+    liveness = Liveness()
     seen = {"a": 0.0, "b": 0.0}
     first_silent = 31.0
     notes = []
@@ -78,7 +78,7 @@ def test_when_every_worker_looks_silent_at_once_the_scheduler_waits_one_more_tim
 
 
 def test_the_suspicion_ends_when_any_worker_is_heard_again() -> None:
-    liveness: Liveness[str] = Liveness()
+    liveness = Liveness()
     seen = {"a": 0.0, "b": 0.0}
     for now in range(1, 35):
         assert liveness.check(float(now), TIMEOUT, seen).remove == []
@@ -87,6 +87,6 @@ def test_the_suspicion_ends_when_any_worker_is_heard_again() -> None:
 
 
 def test_a_single_worker_is_judged_by_the_timeout_alone() -> None:
-    liveness: Liveness[str] = Liveness()
+    liveness = Liveness()
     seen = {"only": 0.0}
     assert next(now for now, _ in _checks(liveness, 1.0, 40.0, seen)) == 31.0
