@@ -7,8 +7,10 @@ while their heartbeats wait unread in its sockets. Two rules keep it from removi
 for silence it caused (Kubernetes' node lifecycle controller has both: it ignores the time
 it was not watching, and stops evicting when every node looks down at once):
 
-1. A check that runs much later than its period means the scheduler was stalled: it judges
-   no one then (what arrived meanwhile is read first), and counts silence only from then.
+1. A check that runs much later than its period (by half the timeout or more: a shorter
+   stall cannot make a worker heard within a heartbeat look silent for the whole timeout)
+   means the scheduler was stalled: it judges no one then (what arrived meanwhile is read
+   first), and counts silence only from then.
 2. When every worker (two or more) looks silent at the same check, the scheduler suspects
    itself rather than all of them, and waits one more timeout: workers that are really gone
    stay silent (or their connections end), and go then.
@@ -25,7 +27,9 @@ from typing import Generic, TypeVar
 
 # Seconds between heartbeat checks.
 CHECK_PERIOD = 1.0
-# A check this many periods late means the scheduler itself was stalled.
+# A check late by this many periods at least, and by half the worker timeout, means the
+# scheduler itself was stalled (shorter delays are a busy loop's: judged as usual, so that
+# a scheduler often a little late still removes workers that are gone).
 STALL_PERIODS = 2.0
 
 Key = TypeVar("Key", bound=Hashable)
@@ -55,7 +59,8 @@ class Liveness:
         """The workers silent for more than ``timeout`` seconds at ``now``, given when each
         was last heard (``last_seen``), unless the silence may be the scheduler's own."""
         previous, self.last_check = self.last_check, now
-        if previous is not None and now - previous > STALL_PERIODS * self.period:
+        stall = max(STALL_PERIODS * self.period, timeout / 2)
+        if previous is not None and now - previous > stall:
             self.counted_from = now
             self.suspect_self_until = None
             return Verdict(

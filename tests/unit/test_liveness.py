@@ -90,3 +90,18 @@ def test_a_single_worker_is_judged_by_the_timeout_alone() -> None:
     liveness = Liveness()
     seen = {"only": 0.0}
     assert next(now for now, _ in _checks(liveness, 1.0, 40.0, seen)) == 31.0
+
+
+def test_a_check_a_few_seconds_late_is_a_busy_loop_not_a_stall() -> None:
+    liveness = Liveness()
+    seen = {"gone": 0.0, "alive": 0.0}
+    removals = []
+    now = 1.0
+    while now < 60:
+        seen["alive"] = now
+        verdict = liveness.check(now, TIMEOUT, seen)
+        assert verdict.note is None
+        if verdict.remove:
+            removals.append(now)
+        now += 5.0  # every check 4 s late: still judged
+    assert removals[0] == 31.0
