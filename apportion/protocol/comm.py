@@ -568,10 +568,11 @@ def welcome(comm: Comm, **fields: Any) -> Message:
 
 def peer_frame_limit(handshake: Message) -> int | None:
     """The largest frame the peer of this hello or welcome reads; None if it did not say
-    (or said nonsense: then our own limit applies, as before the field existed)."""
+    (or said nonsense: then our own limit applies, as before the field existed). Never
+    below what a handshake may take: cutting batches finer only costs the sender work."""
     limit = handshake.get("max_frame_bytes")
     if isinstance(limit, int) and not isinstance(limit, bool) and limit > HEADER_BYTES:
-        return min(limit, MAX_FRAME_LIMIT)
+        return min(max(limit, HANDSHAKE_FRAME_LIMIT), MAX_FRAME_LIMIT)
     return None
 
 

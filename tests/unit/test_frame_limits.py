@@ -8,7 +8,7 @@ import itertools
 import socket
 
 from apportion.protocol import Comm, Message
-from apportion.protocol.comm import adopt, peer_frame_limit, welcome
+from apportion.protocol.comm import HANDSHAKE_FRAME_LIMIT, adopt, peer_frame_limit, welcome
 from apportion.session import FIRST_DELAY, MAX_DELAY, STABLE_AFTER, next_reconnect_delay
 
 OWN = 1 << 26
@@ -62,6 +62,8 @@ def test_the_handshake_carries_the_frame_limit_and_nonsense_is_ignored() -> None
     assert peer_frame_limit({"op": "welcome"}) is None  # an older peer: our own limit holds
     for nonsense in (-5, 0, True, "big", 2.5):
         assert peer_frame_limit({"max_frame_bytes": nonsense}) is None
+    # A tiny limit would only make the sender cut its batches into a great many frames.
+    assert peer_frame_limit({"max_frame_bytes": 100}) == HANDSHAKE_FRAME_LIMIT
 
 
 def test_reconnecting_backs_off_while_the_scheduler_drops_the_client_at_once() -> None:
