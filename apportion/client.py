@@ -561,10 +561,19 @@ class Client(metaclass=_ClientType):
         """Results of futures, in the same structure (a future, list, tuple, dict, nesting)."""
         return self.future_table.gather(futures, errors)
 
-    def cancel(self, futures: Iterable[Future]) -> None:
-        """Cancel tasks (and what depends on them); their futures raise CancelledError."""
+    def cancel(self, futures: Iterable[Future], force: bool = False) -> None:
+        """Cancel tasks (and what depends on them); their futures raise CancelledError.
+
+        A running task's thread cannot be stopped: it keeps its resources until it returns.
+        With ``force``, the worker processes running them are replaced instead (their
+        nanny, ``LocalCluster`` or ``apportion worker --nworkers``, starts them afresh):
+        the resources are free at once, and those workers' other runs and results are
+        made again elsewhere, as when a worker dies."""
         keys = [f.key for f in collect_futures(futures)]
-        self.session.post({"op": "cancel", "keys": keys})
+        message: Message = {"op": "cancel", "keys": keys}
+        if force:
+            message["force"] = True
+        self.session.post(message)
 
     # ----------------------------------------------------------- cluster-wide
     def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -316,7 +316,8 @@ class Worker:
                 with self._lock:
                     instructions = self.state.acquire(message["key"], message["who_has"])
             elif op == "restart":  # client.restart(): exit to be started afresh by the nanny
-                self.failure = "restarting, as asked (client.restart())"
+                why = message.get("reason") or "client.restart()"
+                self.failure = f"restarting, as asked ({why})"
                 background(self.close("restarting"))
                 continue
             elif op == "upload-file":  # before the tasks sent after it (worker/uploads.py)

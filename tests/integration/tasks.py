@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from apportion import get_worker
@@ -153,3 +154,8 @@ def logged_attempt(log: str, gate: str) -> int:
         f.write(f"{task.key} {task.attempt}\n")
     wait_for_file(gate)
     return task.attempt
+
+
+def never_returns() -> None:
+    """A task that never ends (a hung call, as a CUDA call that never returns)."""
+    threading.Event().wait()
