@@ -46,7 +46,7 @@ from apportion.data import (
     scatter_keys,
     shaped_like,
 )
-from apportion.errors import SchedulerConnectionError
+from apportion.errors import FrameTooLargeError, SchedulerConnectionError
 from apportion.future_table import FutureTable
 from apportion.futures import Future, FutureState, collect_futures
 from apportion.local import LocalCluster
@@ -64,7 +64,13 @@ from apportion.serialize import (
     dumps_data,
     tokenize,
 )
-from apportion.session import Session, split_submission, submission_bytes, task_bytes_limit
+from apportion.session import (
+    Session,
+    split_submission,
+    submission_bytes,
+    task_bytes_limit,
+    too_large,
+)
 from apportion.stored_args import (
     KeptArgument,
     argument_value,
@@ -199,9 +205,7 @@ class Client(metaclass=_ClientType):
         ``workers`` (names or addresses) only on one of those, or preferring them when
         ``allow_other_workers``."""
         options = self._options(resources, retries, priority, workers, allow_other_workers)
-        spec, future = self._prepare(
-            func, args, kwargs, key, pure, options, limit=task_bytes_limit()
-        )
+        spec, future = self._prepare(func, args, kwargs, key, pure, options)
         if spec is not None:
             self._enqueue([spec])
         return future
@@ -230,7 +234,7 @@ class Client(metaclass=_ClientType):
         else:
             keys = [None] * len(rows)
         specs, futures = [], []
-        limit = task_bytes_limit()
+        limit = task_bytes_limit(self.session.peer_max_frame)
         for row, explicit in zip(rows, keys, strict=True):
             spec, future = self._prepare(
                 func,
@@ -320,12 +324,12 @@ class Client(metaclass=_ClientType):
                 f"of key {key!r}; give the new task another key"
             )
         if limit is None:
-            limit = task_bytes_limit()
+            limit = task_bytes_limit(self.session.peer_max_frame)
         if len(func_bytes) + len(args_bytes) > limit:
-            raise ValueError(
-                f"task {key!r} serializes to {len(func_bytes) + len(args_bytes):,} bytes, more "
-                f"than comm.max-frame-bytes allows ({limit:,}): pass large data as the result "
-                "of another task (a future) instead of as an argument"
+            raise FrameTooLargeError(
+                too_large(
+                    f"task {key!r}", len(func_bytes) + len(args_bytes), self.session.peer_max_frame
+                )
             )
         # Kept as the future's lineage: made of values the garbage collector can stop
         # tracking (a tuple of keys, no empty dict), so that the kept specs cost it nothing.
@@ -560,7 +564,7 @@ class Client(metaclass=_ClientType):
         if parent is not None:
             for spec in specs:  # kept with the lineage, for a new scheduler (lineage.py)
                 spec["parent"] = parent
-        budget = task_bytes_limit() // 2
+        budget = task_bytes_limit(self.session.peer_max_frame) // 2
         if submission_bytes(specs) <= budget:  # the usual case, measured at C speed
             batches = [specs]
         else:
@@ -577,10 +581,19 @@ class Client(metaclass=_ClientType):
         """Results of futures, in the same structure (a future, list, tuple, dict, nesting)."""
         return self.future_table.gather(futures, errors)
 
-    def cancel(self, futures: Iterable[Future]) -> None:
-        """Cancel tasks (and what depends on them); their futures raise CancelledError."""
+    def cancel(self, futures: Iterable[Future], force: bool = False) -> None:
+        """Cancel tasks (and what depends on them); their futures raise CancelledError.
+
+        A running task's thread cannot be stopped: it keeps its resources until it returns.
+        With ``force``, the worker processes running them are replaced instead (their
+        nanny, ``LocalCluster`` or ``apportion worker --nworkers``, starts them afresh):
+        the resources are free at once, and those workers' other runs and results are
+        made again elsewhere, as when a worker dies."""
         keys = [f.key for f in collect_futures(futures)]
-        self.session.post({"op": "cancel", "keys": keys})
+        message: Message = {"op": "cancel", "keys": keys}
+        if force:
+            message["force"] = True
+        self.session.post(message)
 
     # ----------------------------------------------------------- cluster-wide
     def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def submit_tasks(
         )
     run = session.functions.dumps(run_node)
     load = session.functions.dumps(load_chunk)
-    limit = task_bytes_limit()
+    limit = task_bytes_limit(session.peer_max_frame)
     prefix = f"dask-graph-{table.unique_token()}"
     specs: list[dict[str, Any]] = []
     for start in range(0, len(plan.tasks), CHUNK_TASKS):

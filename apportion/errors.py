@@ -92,6 +92,10 @@ class SchedulerConnectionError(ApportionError, ConnectionError):
     """The client lost its connection to the scheduler."""
 
 
+class FrameTooLargeError(ApportionError, ValueError):
+    """A message is larger than the peer's ``comm.max-frame-bytes``: it was not sent."""
+
+
 class ConfigError(ApportionError, ValueError):
     """A configuration key that does not exist, or a value of the wrong type.
 

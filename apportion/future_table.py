@@ -19,9 +19,10 @@ from concurrent.futures import TimeoutError as FetchTimeout
 from typing import Any
 
 from apportion import config, lineage, shared_memory
-from apportion.errors import CancelledError, SchedulerConnectionError
+from apportion.errors import CancelledError, FrameTooLargeError, SchedulerConnectionError
 from apportion.futures import Future, FutureState, collect_futures, rebuild, wait_state
 from apportion.protocol import CommClosedError, Message
+from apportion.serialize import dumps_exception
 from apportion.session import Session, split_submission, task_bytes_limit
 
 logger = logging.getLogger("apportion.client")
@@ -53,6 +54,7 @@ class FutureTable:
         session.on_push(self._pushed)
         session.on_lost(self._cancel_pending)
         session.on_resume(self.re_registration)
+        session.on_undeliverable(self._undeliverable)
 
     def unique_token(self) -> str:
         """A token no other key of this client has (for impure keys)."""
@@ -106,7 +108,7 @@ class FutureTable:
         specs, lineage_only = lineage.re_registration(list(self.states.values()))
         messages: list[Message] = [
             {"op": "submit", "tasks": batch, "recover": True}
-            for batch in split_submission(specs, task_bytes_limit() // 2)
+            for batch in split_submission(specs, task_bytes_limit(self.session.peer_max_frame) // 2)
             if batch
         ]
         if lineage_only:  # registered for their dependents' sake only
@@ -153,6 +155,16 @@ class FutureTable:
         state = self.states.get(message.get("key", ""))
         if state is not None and not state.is_done():
             state.finish(message["who_has"], message.get("nbytes", 0), message.get("data"))
+
+    def _undeliverable(self, message: Message, why: str) -> None:
+        """A submission too large for the scheduler's frames: its tasks fail with why."""
+        if message.get("op") != "submit":
+            return
+        error, text = dumps_exception(FrameTooLargeError(why))
+        for spec in message.get("tasks", ()):
+            state = self.states.get(spec.get("key", ""))
+            if state is not None and not state.is_done():
+                state.fail(error, text)
 
     def _cancel_pending(self, reason: str) -> None:
         for state in list(self.states.values()):

@@ -49,6 +49,9 @@ _SPEC_OVERHEAD = 1024
 # Reconnecting: seconds before the second try; doubled after each failure, up to MAX_DELAY.
 FIRST_DELAY = 0.05
 MAX_DELAY = 2.0
+# A connection that ends sooner than this after it was made counts as a failed try: the
+# next reconnect waits longer (a scheduler that closes us at once is not hammered).
+STABLE_AFTER = 10.0
 # Answers to requests (see start_request), by their op.
 REPLY_OPS = frozenset(
     {
@@ -63,9 +66,39 @@ REPLY_OPS = frozenset(
 )
 
 
-def task_bytes_limit() -> int:
-    """The largest payload (function and arguments) of one task."""
-    return int(config.get_immutable("comm.max-frame-bytes")) - 4096
+# Bytes of a frame besides a task's function and arguments (framing, key, options).
+_FRAME_OVERHEAD = 4096
+
+
+def task_bytes_limit(peer_limit: int | None = None) -> int:
+    """The largest payload (function and arguments) of one task: within our own
+    comm.max-frame-bytes and the scheduler's (``peer_limit``, told in its welcome)."""
+    own = int(config.get_immutable("comm.max-frame-bytes"))
+    return min(own, peer_limit or own) - _FRAME_OVERHEAD
+
+
+def too_large(what: str, size: int, peer_limit: int | None) -> str:
+    """Why ``what`` of ``size`` bytes cannot be sent, naming both sides' limits, and what to
+    do about it."""
+    own = int(config.get_immutable("comm.max-frame-bytes"))
+    scheduler = f"{peer_limit:,}" if peer_limit else "not known yet"
+    return (
+        f"{what} serializes to {size:,} bytes, more than comm.max-frame-bytes allows "
+        f"({task_bytes_limit(peer_limit):,} bytes for a task's function and arguments): "
+        f"this client's comm.max-frame-bytes is {own:,}, the scheduler's is {scheduler}; "
+        "pass large data as the result of another task (a future) instead of as an "
+        "argument, or raise comm.max-frame-bytes on the scheduler and on the client"
+    )
+
+
+def next_reconnect_delay(delay: float, connected_for: float | None) -> float:
+    """The wait before the first try of the next reconnect, after a connection that lasted
+    ``connected_for`` seconds (None: the first connection): back to FIRST_DELAY after a
+    stable one, else doubled (up to MAX_DELAY), so that a scheduler that drops us at once
+    is not reconnected to in a tight loop."""
+    if connected_for is None or connected_for >= STABLE_AFTER:
+        return 0.0
+    return min(max(delay, FIRST_DELAY) * 2, MAX_DELAY)
 
 
 _FUNC, _ARGS, _KEY, _DEPS = map(itemgetter, ("func", "args", "key", "deps"))
@@ -148,6 +181,12 @@ class Session:
         self._on_push: Handler | None = None
         self._lost_listeners: list[Callable[[str], None]] = []
         self._resume_sources: list[Callable[[], list[Message]]] = []
+        self._undeliverable_listeners: list[Callable[[Message, str], None]] = []
+        # The scheduler's comm.max-frame-bytes, from its welcome (None: not told).
+        self.peer_max_frame: int | None = None
+        # Reconnecting: when the current connection was made, and the back-off so far.
+        self._connected_at: float | None = None
+        self._backoff = 0.0
         self.loop = new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="apportion-client", daemon=True
@@ -171,6 +210,7 @@ class Session:
 
     async def _connect(self, timeout: float) -> str:
         self._comm, welcome = await connect(self.address, "client", self.token, timeout=timeout)
+        self._use(self._comm)
         self._comm.allow_thread_writes()
         client_id = str(welcome["client_id"])
         # Set while connected: requests made while reconnecting wait for it.
@@ -243,6 +283,27 @@ class Session:
     def on_lost(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(reason)`` once, should the scheduler be lost for good."""
         self._lost_listeners.append(listener)
+
+    def on_undeliverable(self, listener: Callable[[Message, str], None]) -> None:
+        """Call ``listener(message, why)`` (on the loop thread) for a message too large for
+        the scheduler's frames: it is not sent (the scheduler would close the connection,
+        and the same message would go again after reconnecting)."""
+        self._undeliverable_listeners.append(listener)
+
+    def _use(self, comm: Comm) -> None:
+        """Take the scheduler's limits from a new connection."""
+        self.peer_max_frame = comm.peer_max_frame
+        comm.on_oversize = self._oversize
+        self._connected_at = self.loop.time()
+
+    def _oversize(self, message: Message, size: int) -> None:
+        if not self.in_io_thread():  # cut into frames by a thread writing directly
+            self.call_soon(self._oversize, message, size)
+            return
+        why = too_large(f"a {message.get('op')!r} message", size, self.peer_max_frame)
+        logger.error("not sent to the scheduler: %s", why)
+        for listener in self._undeliverable_listeners:
+            listener(message, why)
 
     def on_resume(self, source: Callable[[], list[Message]]) -> None:
         """On reconnecting, send what ``source()`` gives before anything else (sources in
@@ -425,6 +486,10 @@ class Session:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + timeout
+        connected_for = None if self._connected_at is None else started - self._connected_at
+        self._backoff = next_reconnect_delay(self._backoff, connected_for)
+        if self._backoff:
+            await asyncio.sleep(min(self._backoff, timeout))
         delay = FIRST_DELAY
         problem = reason
         while not self.closed:
@@ -502,6 +567,7 @@ class Session:
     def _resume(self, comm: Comm) -> int:
         """Send a new scheduler what the resume sources give, then use its connection;
         the number of tasks re-registered."""
+        self._use(comm)  # before the sources size their messages to its limit
         with self.lock:
             messages = [message for source in self._resume_sources for message in source()]
         if messages:

@@ -98,7 +98,7 @@ class AdoptionMixin(RetirementMixin):
             # The scheduler's next run ids must not clash with this worker's runs.
             self._seq = itertools.count(max(next(self._seq), highest + 1))
         for key, nbytes in report.held.items():
-            self._adopt_held(ws, key, nbytes, recovering)
+            self._adopt_held(ws, key, nbytes, recovering, report.attempts.get(key))
         for error in report.erred:
             self._adopt_error(ws, error, recovering)
         if any(used > ws.total.get(name, 0) + 1e-9 for name, used in ws.used.items()):
@@ -142,11 +142,15 @@ class AdoptionMixin(RetirementMixin):
         self._book(ws, run.run_id, ts)
         ts.processing_on = ws
         ts.run_id = run.run_id
+        ts.attempt = max(ts.attempt, run.attempt)
         self._set_state(ts, "processing", "running since before a restart")
 
-    def _adopt_held(self, ws: WorkerState, key: str, nbytes: int, recovering: bool) -> None:
+    def _adopt_held(
+        self, ws: WorkerState, key: str, nbytes: int, recovering: bool, attempt: int | None
+    ) -> None:
         ts = self.tasks.get(key)
-        decision = decide_held(key, ts.state if ts is not None else None, recovering)
+        known, current = (ts.state, ts.attempt) if ts is not None else (None, 0)
+        decision = decide_held(key, known, recovering, attempt, current)
         _log_conflict(ws, decision)
         if decision.action == "drop":
             self.send(ws.address, {"op": "free-keys", "keys": [key]})

@@ -29,12 +29,13 @@ from apportion.scheduler.worker_resources import set_resources
 
 from apportion.aio import background
 from apportion.logs import recent_lines
-from apportion.protocol import Comm, Message
+from apportion.protocol import Comm, Message, ProtocolError
 from apportion.resources import validate
 from apportion.serialize import dumps_exception, dumps_value, loads_args, loads_value
 
 if TYPE_CHECKING:
     from apportion.scheduler.shell import SchedulerShell
+    from apportion.scheduler.state import SchedulerState
 
 logger = logging.getLogger("apportion.scheduler")
 
@@ -76,7 +77,26 @@ def on_release(server: SchedulerShell, client: str, comm: Comm, message: Message
 
 def on_cancel(server: SchedulerShell, client: str, comm: Comm, message: Message) -> None:
     keys = message["keys"]
-    server.state.handle_cancel(client, keys + server.secession.descendants(keys))
+    cancelled = keys + server.secession.descendants(keys)
+    # force: a thread cannot be stopped, so the worker processes running these are
+    # replaced (their nanny starts them afresh); their loss frees what they held.
+    hosts = running_on(server.state, cancelled) if message.get("force") else {}
+    server.state.handle_cancel(client, cancelled)
+    for address, running in hosts.items():
+        worker = server.comms.get(address)
+        if worker is not None and not worker.closed:
+            logger.warning("replacing worker %s: it runs %s, cancelled by force", address, running)
+            worker.send({"op": "restart", "reason": f"replaced: it ran {running}, cancelled"})
+
+
+def running_on(state: SchedulerState, keys: list[str]) -> dict[str, list[str]]:
+    """The workers running any of ``keys`` now, each with those keys."""
+    hosts: dict[str, list[str]] = {}
+    for key in keys:
+        ts = state.tasks.get(key)
+        if ts is not None and ts.state == "processing" and ts.processing_on is not None:
+            hosts.setdefault(ts.processing_on.address, []).append(key)
+    return hosts
 
 
 def on_story(server: SchedulerShell, client: str, comm: Comm, message: Message) -> None:
@@ -243,6 +263,11 @@ def on_restore_argument(server: SchedulerShell, client: str, comm: Comm, message
     _reply(comm, message, restored=restore_argument(server.state, client, spec))
 
 
+def _check_force(message: Message) -> None:
+    if not isinstance(message.get("force", False), bool):
+        raise ProtocolError(f"'cancel' takes 'force' as true or false, got {message['force']!r}")
+
+
 def _check_logs(message: Message) -> None:
     check_lines(message.get("n"))
 
@@ -264,7 +289,7 @@ def _no_check(message: Message) -> None:
 CLIENT_OPS: dict[str, ClientOp] = {
     "submit": ClientOp(_check_submit, on_submit),
     "release": ClientOp(check_keys, on_release),
-    "cancel": ClientOp(check_keys, on_cancel),
+    "cancel": ClientOp(_checks(check_keys, _check_force), on_cancel),
     "story": ClientOp(_checks(check_id, check_key), on_story),
     "info": ClientOp(check_id, on_info),
     "run": ClientOp(check_id, on_run),

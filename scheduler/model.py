@@ -46,6 +46,7 @@ NOTHING: frozenset[Any] = frozenset()
 class TaskState:
     __slots__ = (
         "args",
+        "attempt",
         "dependencies",
         "dependents",
         "exception",
@@ -99,6 +100,9 @@ class TaskState:
         # The worker holding units for this queued task (see SchedulerState._reserve).
         self.reserved_on: WorkerState | None = None
         self.run_id: int | None = None
+        # Runs of this key placed so far (the current run's attempt number): each
+        # placement is a new attempt, so a superseded run can be told from the current one.
+        self.attempt = 0
         self.nbytes = 0
         self.exception: bytes | None = None
         self.traceback: str | None = None

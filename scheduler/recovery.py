@@ -36,6 +36,7 @@ class ReportedRun:
     seceded: bool = False
     released: bool = False
     reacquiring: bool = False
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class WorkerReport:
     held: dict[str, int]  # key -> pickled size
     running: list[ReportedRun]
     erred: list[ReportedError] = field(default_factory=list)
+    # The attempt of each held result whose run ended while no scheduler knew of it.
+    attempts: dict[str, int] = field(default_factory=dict)
 
 
 def parse_report(message: Any) -> WorkerReport:
@@ -69,9 +72,9 @@ def parse_report(message: Any) -> WorkerReport:
     running = []
     for run in runs:
         try:
-            key, run_id = run["key"], run["run_id"]
-            if not isinstance(key, str) or type(run_id) is not int:
-                raise TypeError("key must be a string and run_id an integer")
+            key, run_id, attempt = run["key"], run["run_id"], run.get("attempt", 1)
+            if not isinstance(key, str) or type(run_id) is not int or type(attempt) is not int:
+                raise TypeError("key must be a string, run_id and attempt integers")
             shape = to_shape(validate(run.get("resources") or {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"'recover' has a malformed run {run!r:.200}: {exc}") from None
@@ -84,6 +87,7 @@ def parse_report(message: Any) -> WorkerReport:
                 bool(run.get("seceded")),
                 bool(run.get("released")),
                 bool(run.get("reacquiring")),
+                attempt,
             )
         )
     erred = []
@@ -98,7 +102,12 @@ def parse_report(message: Any) -> WorkerReport:
         except (KeyError, TypeError) as exc:
             raise ProtocolError(f"'recover' has a malformed error {error!r:.200}: {exc}") from None
         erred.append(ReportedError(key, exception, traceback))
-    return WorkerReport(held, running, erred)
+    attempts = message.get("attempts") or {}
+    if not isinstance(attempts, dict) or not all(
+        isinstance(k, str) and type(n) is int for k, n in attempts.items()
+    ):
+        raise ProtocolError("'recover' has 'attempts' that is not a map of keys to integers")
+    return WorkerReport(held, running, erred, attempts)
 
 
 # What the scheduler knows of a reported key: None (nothing), or the task's state.
@@ -116,8 +125,18 @@ class Decision:
     conflict: str | None = None
 
 
-def decide_held(key: str, known: Known, recovering: bool) -> Decision:
-    """A worker holds the result of ``key``."""
+def decide_held(
+    key: str, known: Known, recovering: bool, attempt: int | None = None, current: int = 0
+) -> Decision:
+    """A worker holds the result of ``key``: of run ``attempt`` when that run ended while no
+    scheduler knew of it (None: a result a scheduler had been told of); ``current``: the
+    attempt of the key's run known here."""
+    if known == "processing" and attempt is not None and attempt < current:
+        return Decision(
+            "drop",
+            f"{key!r} was held from attempt {attempt}, superseded by attempt {current} "
+            "running now; the older result is dropped",
+        )
     if known is None:
         if recovering:
             return Decision("keep-unclaimed")  # for a client still to re-register it

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from apportion.scheduler.client_ops import CLIENT_OPS
 from apportion.scheduler.coordination import Coordination
+from apportion.scheduler.liveness import CHECK_PERIOD, Liveness
 from apportion.scheduler.recovery import parse_report
 from apportion.scheduler.secession import RUN_ENDS, Secession, secession_handlers
 from apportion.scheduler.state import SchedulerState
@@ -24,7 +25,7 @@ from tornado.netutil import bind_sockets
 from apportion import config
 from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError
-from apportion.protocol.comm import format_address, refuse
+from apportion.protocol.comm import format_address, refuse, welcome
 from apportion.resources import validate
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class Scheduler:
         # end is logged as planned, not as a crash.
         self.planned_leaves: set[str] = set()
         self._periodic: list[PeriodicCallback] = []
+        # Judges silent workers, and the scheduler's own stalls (see liveness.py).
+        self.liveness = Liveness()
         self._http: HTTPServer | None = None
         self.stopped = asyncio.Event()
 
@@ -107,7 +110,7 @@ class Scheduler:
             self.http_port = sockets[0].getsockname()[1]
         self._periodic = [
             PeriodicCallback(self._check_timeouts, 200),
-            PeriodicCallback(self._check_heartbeats, 1000),
+            PeriodicCallback(self._check_heartbeats, CHECK_PERIOD * 1000),
         ]
         for callback in self._periodic:
             callback.start()
@@ -158,7 +161,7 @@ class Scheduler:
             )
             return
         info: dict[str, Any] = {k: hello[k] for k in ("pid", "host") if k in hello}
-        comm.send({"op": "welcome", "scheduler": self.address})
+        comm.send(welcome(comm, scheduler=self.address))
         report, early = None, []
         if hello.get("report"):  # what it holds and runs comes first (see scheduler/recovery.py)
             try:
@@ -251,7 +254,7 @@ class Scheduler:
             return
         self.comms[client] = comm
         self.state.add_client(client)
-        comm.send({"op": "welcome", "client_id": client, "scheduler": self.address})
+        comm.send(welcome(comm, client_id=client, scheduler=self.address))
 
         def on_frame(messages: list[Message]) -> None:
             for message in messages:
@@ -380,13 +383,18 @@ class Scheduler:
 
     def _check_heartbeats(self) -> None:
         timeout = float(config.get("scheduler.worker-timeout"))
-        now = self.state.clock()
-        for ws in list(self.state.workers.values()):
-            if now - ws.last_seen > timeout:
-                comm = self.comms.get(ws.address)
-                logger.warning("worker %s silent for %.0fs; removing it", ws.name, timeout)
-                if comm is not None:
-                    comm.close(f"no heartbeat for {timeout:g}s")
+        workers = self.state.workers
+        last_seen = {address: ws.last_seen for address, ws in workers.items()}
+        verdict = self.liveness.check(self.state.clock(), timeout, last_seen)
+        if verdict.note is not None:
+            logger.warning("%s", verdict.note)
+        for address in verdict.remove:
+            comm = self.comms.get(address)
+            logger.warning(
+                "worker %s silent for %.0fs; removing it", workers[address].name, timeout
+            )
+            if comm is not None:
+                comm.close(f"no heartbeat for {timeout:g}s")
 
 
 def tune_garbage_collector() -> None:

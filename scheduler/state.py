@@ -777,7 +777,11 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         # from there, and may start its next holder here at once.
         ts.processing_on = ws
         ts.run_id = run_id
-        self._set_state(ts, "processing", "sent to a worker")
+        attempt = ts.attempt = ts.attempt + 1
+        if attempt == 1:
+            self._set_state(ts, "processing", "sent to a worker (attempt 1)")
+        else:
+            self._set_state(ts, "processing", f"sent to a worker (attempt {attempt})")
         if len(processing) >= ws.slots:
             self.with_slots.pop(ws, None)
         message: Message = {
@@ -796,6 +800,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             message["resources"] = dict(shape)
         if ts.priority:
             message["priority"] = ts.priority
+        if attempt > 1:  # the worker's default is 1
+            message["attempt"] = attempt
         self.outbox[ws.address].append(message)  # self.send, inlined on the hot path
 
     def _end_run(self, ws: WorkerState | None, run_id: int) -> TaskState | None:

@@ -39,7 +39,7 @@ from apportion.core.task_host import close_clients
 from apportion.errors import InputLoadError, Reschedule
 from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
-from apportion.protocol.comm import format_address, parse_address
+from apportion.protocol.comm import format_address, parse_address, welcome
 from apportion.protocol.rpc import ConnectionPool
 from apportion.resources import format_resources, validate
 from apportion.serialize import (
@@ -324,7 +324,8 @@ class Worker:
                 with self._lock:
                     instructions = self.state.acquire(message["key"], message["who_has"])
             elif op == "restart":  # client.restart(): exit to be started afresh by the nanny
-                self.failure = "restarting, as asked (client.restart())"
+                why = message.get("reason") or "client.restart()"
+                self.failure = f"restarting, as asked ({why})"
                 background(self.close("restarting"))
                 continue
             elif op == "upload-file":  # before the tasks sent after it (worker/uploads.py)
@@ -650,7 +651,7 @@ class Worker:
 
     @staticmethod
     def _task_info(task: WorkerTask) -> TaskInfo:
-        return TaskInfo(task.key, dict(task.shape), task.units)
+        return TaskInfo(task.key, dict(task.shape), task.units, task.attempt)
 
     async def _on_run(self, message: Message) -> None:
         """``client.run``: call a function in this worker process and answer."""
@@ -667,7 +668,7 @@ class Worker:
 
     # ------------------------------------------------------------ peer serving
     async def _serve_peer(self, comm: Comm, hello: Message) -> None:
-        comm.send({"op": "welcome", "name": self.name})
+        comm.send(welcome(comm, name=self.name))
         client = hello.get("client_id") if hello["role"] == "client" else None
         if isinstance(client, str):
             comm.allow_thread_writes()

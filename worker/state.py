@@ -135,6 +135,7 @@ class InvalidTransition(ApportionError, RuntimeError):
 class WorkerTask:
     __slots__ = (
         "args",
+        "attempt",
         "cancelled",
         "deps",
         "epoch",
@@ -156,6 +157,8 @@ class WorkerTask:
     def __init__(self, message: Message, epoch: int) -> None:
         self.key: str = message["key"]
         self.run_id: int = message["run_id"]
+        # Which run of the key this is (1 first; the scheduler counts every reschedule).
+        self.attempt: int = message.get("attempt", 1)
         self.func: bytes = message["func"]
         self.args: bytes = message["args"]
         # Each input's key -> the workers holding it (as the scheduler knew when sending).
@@ -262,6 +265,9 @@ class WorkerState:
         # Pickled size of each held result, for a new scheduler's placement (it prefers
         # the worker holding a task's inputs' bytes).
         self.nbytes: dict[str, int] = {}
+        # The attempt of each result whose run ended while no scheduler knew of it: a
+        # newer attempt may run elsewhere by now, and then the scheduler drops this one.
+        self.unreported_attempts: dict[str, int] = {}
         # Errors of runs that ended while no scheduler listened, for the next one (as held
         # results are): key -> (pickled exception, traceback).
         self.errors: dict[str, tuple[Payload, str]] = {}
@@ -383,6 +389,7 @@ class WorkerState:
                 "run_id": task.run_id,
                 "resources": dict(task.shape),
                 "cancelled": task.cancelled,
+                "attempt": task.attempt,
             }
             seceded = _SECEDED_REPORT.get(task.status)
             if seceded is not None:
@@ -395,7 +402,12 @@ class WorkerState:
             for key, (exception, traceback) in self.errors.items()
         ]
         self.errors = {}
-        return {"op": "recover", "held": held, "running": running, "erred": erred}
+        attempts = {key: n for key, n in self.unreported_attempts.items() if key in held}
+        self.unreported_attempts = {}
+        report: Message = {"op": "recover", "held": held, "running": running, "erred": erred}
+        if attempts:
+            report["attempts"] = attempts
+        return report
 
     # ----------------------------------------------------------------- fetches
     def fetched(self, key: str, value: Any, epoch: int, nbytes: int = 0) -> list[Instruction]:
@@ -504,6 +516,7 @@ class WorkerState:
             if ok:
                 self.data[task.key] = value
                 self.nbytes[task.key] = len(payload)
+                self.unreported_attempts[task.key] = task.attempt
             elif not isinstance(value, Reschedule):
                 self.errors[task.key] = (payload, traceback)
             return []
@@ -655,6 +668,7 @@ class WorkerState:
     def _forget(self, key: str) -> None:
         self.data.pop(key, None)
         self.nbytes.pop(key, None)
+        self.unreported_attempts.pop(key, None)
 
     # ------------------------------------------------------------ introspection
     def story(self, *keys: str) -> list[StoryEntry]:

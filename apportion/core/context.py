@@ -9,11 +9,15 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class TaskInfo:
     """The running task: its key, the resources granted and, for whole-number
-    resources, the unit indices it holds (``{"GPU": [1]}``)."""
+    resources, the unit indices it holds (``{"GPU": [1]}``), and which run of the key
+    this is: ``attempt`` is 1 for the first, and rises each time the scheduler places the
+    key again (its worker lost, a retry). A run that knows its attempt can fence its side
+    effects (write to a path named after it, say): a superseded run may still be running."""
 
     key: str
     resources: dict[str, float] = field(default_factory=dict)
     units: dict[str, list[int]] = field(default_factory=dict)
+    attempt: int = 1
 
 
 @dataclass(frozen=True)

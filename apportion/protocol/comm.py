@@ -24,6 +24,8 @@ from apportion.auth import tokens_match
 from apportion.errors import ApportionError
 from apportion.protocol import tls
 from apportion.protocol.frames import (
+    HEADER_BYTES,
+    MAX_FRAME_LIMIT,
     PROTOCOL_VERSION,
     Buffer,
     Message,
@@ -149,6 +151,13 @@ class Comm(asyncio.Protocol):
         self._thread_fd: int | None = None
         # Bytes a thread could not send whole; the loop writes them before anything else.
         self._handoff: list[Buffer] = []
+        # The largest frame the peer reads (its comm.max-frame-bytes, from the handshake):
+        # what this side sends is cut to fit it. None: not told (an older peer).
+        self.peer_max_frame: int | None = None
+        # Told of a single message too large for the peer, instead of sending it (the peer
+        # would close the connection, and the same message would be sent again after a
+        # reconnect): ``(message, encoded size)``. Unset: sent, and the peer refuses it.
+        self.on_oversize: Callable[[Message, int], None] | None = None
 
     # ------------------------------------------------------- asyncio callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -383,13 +392,24 @@ class Comm(asyncio.Protocol):
                 else:
                     self._write_parts(frame)
 
+    @property
+    def send_limit(self) -> int:
+        """The largest frame to send: the peer's limit once known, else our own."""
+        return self.peer_max_frame or self.max_frame
+
     def _frames_of(self, batch: list[Message]) -> list[bytes | list[Buffer]]:
         """Encode a batch, halving it until every frame is within the peer's limit (see
         encode_frame)."""
         frame = encode_frame(batch)
         size = len(frame) if isinstance(frame, bytes) else sum(memoryview(p).nbytes for p in frame)
-        if size <= self.max_frame or len(batch) == 1:
-            return [frame]  # a single oversized message is refused by the peer, loudly
+        limit = self.send_limit
+        if size <= limit:
+            return [frame]
+        if len(batch) == 1:
+            if self.on_oversize is not None:
+                self.on_oversize(batch[0], size)
+                return []
+            return [frame]  # refused by the peer, loudly
         middle = len(batch) // 2
         return self._frames_of(batch[:middle]) + self._frames_of(batch[middle:])
 
@@ -517,7 +537,13 @@ async def connect(
         )
     except (OSError, asyncio.TimeoutError) as exc:
         raise OSError(f"could not connect to {address}: {exc or 'timed out'}") from None
-    hello = {"op": "hello", "role": role, "protocol": PROTOCOL_VERSION, "token": token}
+    hello = {
+        "op": "hello",
+        "role": role,
+        "protocol": PROTOCOL_VERSION,
+        "token": token,
+        "max_frame_bytes": comm.max_frame,
+    }
     hello.update(info or {})
     try:
         await comm.write([hello])
@@ -531,7 +557,23 @@ async def connect(
         comm.close()
         reason = reply.get("reason", f"unexpected handshake reply {reply!r}")
         raise ConnectionRefusedError(f"{address} refused the connection: {reason}")
+    comm.peer_max_frame = peer_frame_limit(reply)
     return comm, reply
+
+
+def welcome(comm: Comm, **fields: Any) -> Message:
+    """The handshake's answer: ``fields`` and the largest frame this side reads."""
+    return {"op": "welcome", "max_frame_bytes": comm.max_frame, **fields}
+
+
+def peer_frame_limit(handshake: Message) -> int | None:
+    """The largest frame the peer of this hello or welcome reads; None if it did not say
+    (or said nonsense: then our own limit applies, as before the field existed). Never
+    below what a handshake may take: cutting batches finer only costs the sender work."""
+    limit = handshake.get("max_frame_bytes")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit > HEADER_BYTES:
+        return min(max(limit, HANDSHAKE_FRAME_LIMIT), MAX_FRAME_LIMIT)
+    return None
 
 
 Handler = Callable[[Comm, Message], Awaitable[None]]
@@ -602,6 +644,7 @@ class Listener:
             await refuse(comm, problem)
             return
         comm.trust()
+        comm.peer_max_frame = peer_frame_limit(hello)
         self.comms.add(comm)
         try:
             await self.handler(comm, hello)

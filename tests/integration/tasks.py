@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from apportion import get_worker
@@ -142,3 +143,19 @@ def made_here() -> LoadsOnlyWhereMade:
 
 def maker_pid(value: LoadsOnlyWhereMade) -> int:
     return value.pid
+
+
+def logged_attempt(log: str, gate: str) -> int:
+    """Append ``<key> <attempt>`` to ``log``, block until the file ``gate`` exists, and
+    return this run's attempt number."""
+    task = get_worker().task
+    assert task is not None
+    with open(log, "a") as f:
+        f.write(f"{task.key} {task.attempt}\n")
+    wait_for_file(gate)
+    return task.attempt
+
+
+def never_returns() -> None:
+    """A task that never ends (a hung call, as a CUDA call that never returns)."""
+    threading.Event().wait()

@@ -96,6 +96,17 @@ def test_a_held_result_is_adopted_unless_known_as_failed_or_unwanted(
     assert decide_held("k", known, recovering).action == action
 
 
+def test_a_held_result_of_a_superseded_attempt_is_dropped_while_a_newer_one_runs() -> None:
+    dropped = decide_held("k", "processing", False, attempt=1, current=2)
+    assert dropped.action == "drop" and dropped.conflict is not None
+    assert "superseded by attempt 2" in dropped.conflict
+    # The current attempt's own result, a result a scheduler was told of, or no run now:
+    # the result is taken.
+    assert decide_held("k", "processing", False, attempt=2, current=2).action == "adopt-result"
+    assert decide_held("k", "processing", False, attempt=None, current=2).action == ("adopt-result")
+    assert decide_held("k", "queued", False, attempt=1, current=2).action == "adopt-result"
+
+
 GPU = (("GPU", 1.0),)
 
 

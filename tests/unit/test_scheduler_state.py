@@ -236,6 +236,12 @@ def test_worker_removal_releases_its_resources_and_reschedules_its_runs(sim: Sim
     sim.state.handle_task_finished("w1", {"run_id": old_run, "nbytes": 1})
     sim.step()
     assert sim.states() == {"a": "processing", "b": "queued"}
+    # The rerun is the key's second attempt, and says so to its worker and in its story.
+    rerun = [m for a, m in sim.computes if a == "w2" and m["key"] == "a"]
+    assert rerun[-1]["attempt"] == 2 and "attempt" not in sim.computes[0][1]
+    reasons = [change["reason"] for change in sim.state.story("a")]
+    assert reasons.count("sent to a worker (attempt 1)") == 1, reasons
+    assert reasons.count("sent to a worker (attempt 2)") == 1, reasons
     sim.finish("a")
     sim.finish("b")
     assert sim.states() == {"a": "memory", "b": "memory"}

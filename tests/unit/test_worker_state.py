@@ -283,7 +283,19 @@ def test_after_the_scheduler_is_lost_results_and_runs_stay_and_unstarted_tasks_g
         "held": {"kept": 0, "old": old_size},
         "running": [],
         "erred": [],
+        # The run's attempt: a newer one may run elsewhere by now (see decide_held).
+        "attempts": {"old": 1},
     }
+
+
+def test_a_run_knows_its_attempt_and_reports_it_to_a_new_scheduler() -> None:
+    node = Node()
+    node.compute("again", run_id=3, attempt=4)
+    (task,) = node.state.tasks.values()
+    assert task.attempt == 4
+    node.state.scheduler_lost()
+    (run,) = node.state.registration_report()["running"]
+    assert run["attempt"] == 4
 
 
 def test_a_new_scheduler_hears_of_runs_in_threads_with_their_resources_then_of_their_ends() -> None:
@@ -295,8 +307,8 @@ def test_a_new_scheduler_hears_of_runs_in_threads_with_their_resources_then_of_t
     report = node.state.registration_report()
     assert report["held"] == {}
     assert report["running"] == [
-        {"key": "gpu", "run_id": 7, "resources": {"GPU": 2}, "cancelled": False},
-        {"key": "plain", "run_id": 8, "resources": {}, "cancelled": True},
+        {"key": "gpu", "run_id": 7, "resources": {"GPU": 2}, "cancelled": False, "attempt": 1},
+        {"key": "plain", "run_id": 8, "resources": {}, "cancelled": True, "attempt": 1},
     ]
     # Adopted by the new scheduler: its end is reported to it, under the same run id.
     node.finish("gpu", value=5)
