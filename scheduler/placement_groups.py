@@ -535,7 +535,7 @@ class PlacementGroups:
     def _start(self, bundle: Bundle) -> None:
         """Start the bundle's queued tasks while it has room and its worker a slot."""
         ws = bundle.worker
-        if ws is None or (bundle.group.state != "ready" and not bundle.group.was_ready):
+        if ws is None:  # (a placed bundle's group was ready once: no half gang runs)
             return
         queue = bundle.queue
         room = _minus(bundle.demand, bundle_in_use(bundle))
