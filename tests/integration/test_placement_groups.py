@@ -107,3 +107,18 @@ def test_a_lost_worker_s_bundle_is_placed_again_and_its_rank_runs_there() -> Non
         record = client.submit(hold, 0.01, 1, placement_group=pg, bundle_index=1).result(30)
         assert record["worker"] == names[pg.workers[1]]
         assert client.check_invariants() == []
+
+
+def test_mistakes_are_refused_on_the_client_with_what_to_do(idle: Client) -> None:
+    client = idle
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        client.placement_group([{"GPU": 1}], strategy="scatter")
+    with pytest.raises(ValueError, match="non-empty list"):
+        client.placement_group({"GPU": 1})  # type: ignore[arg-type]
+    with client.placement_group([{"GPU": 1}]) as pg:
+        with pytest.raises(ValueError, match="bundle_index 1 out of range"):
+            client.submit(hold, 0, placement_group=pg, bundle_index=1)
+        with pytest.raises(ValueError, match="bundle_index needs a placement_group"):
+            client.submit(hold, 0, bundle_index=0)
+        info = client.scheduler_info()["placement_groups"][pg.id]
+        assert info["strategy"] == "pack"

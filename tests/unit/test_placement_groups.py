@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from apportion.scheduler.placement_groups import BundleShape, holding, plan_bundles
+from apportion.scheduler.validation import check_placement_group, check_submit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from apportion.protocol import ProtocolError
 from tests.unit.sim import Sim, task
 
 
@@ -217,6 +219,36 @@ def test_removing_a_group_fails_its_queued_tasks_and_a_client_leaving_removes_it
     sim.state.remove_client("c")
     sim.step()
     assert sim.used("a") == {"GPU": 0}
+
+
+def test_malformed_group_requests_are_refused_whole() -> None:
+    good = {"op": "placement-group", "id": 1, "group": "g", "bundles": [{"GPU": 1}]}
+    check_placement_group({**good, "strategy": "pack"})
+    for bad, problem in [
+        ({**good, "group": 3, "strategy": "pack"}, "needs 'group'"),
+        ({**good, "bundles": [], "strategy": "pack"}, "non-empty list"),
+        ({**good, "bundles": [{"GPU": -1}], "strategy": "pack"}, "bundle"),
+        (good, "strategy"),
+    ]:
+        with pytest.raises(ProtocolError, match=problem):
+            check_placement_group(bad)
+    spec = {**task("t"), "placement_group": "g", "bundle_index": -1}
+    with pytest.raises(ProtocolError, match="bundle_index"):
+        check_submit({"tasks": [spec]})
+
+
+def test_scheduler_info_shows_each_group_and_its_bundles(sim: GangSim) -> None:
+    sim.add_worker("a", {"GPU": 2}, nthreads=2)
+    sim.group("g", [{"GPU": 1}, {"GPU": 4}], "pack")
+    sim.group("h", [{"GPU": 1}], "pack")
+    info = sim.state.info()["placement_groups"]
+    assert info["h"] == {
+        "state": "ready",
+        "strategy": "pack",
+        "bundles": [{"resources": {"GPU": 1}, "worker": "a", "queued": 0}],
+    }
+    assert info["g"]["state"] == "pending"
+    assert [b["worker"] for b in info["g"]["bundles"]] == [None, None]
 
 
 # ------------------------------------------------------------------------ property
