@@ -144,6 +144,16 @@ def test_a_waiting_group_holds_no_bundle_and_small_tasks_do_not_starve_it(sim: G
     assert sim.outstanding() == ["late", "train1"]
 
 
+def test_units_a_reservation_lets_go_of_go_to_a_waiting_group_at_once(sim: GangSim) -> None:
+    sim.add_worker("a", {"GPU": 2}, nthreads=4)
+    sim.submit("running", resources={"GPU": 1})
+    sim.submit("big", resources={"GPU": 2})  # reserves a: its spare unit is held for it
+    sim.group("g", [{"GPU": 1}], "pack")
+    assert sim.group_state("g") == "pending"
+    sim.cancel("big")  # no run ends, but the held unit is free again
+    assert sim.group_state("g") == "ready"
+
+
 def test_tasks_share_a_bundle_within_its_resources(sim: GangSim) -> None:
     sim.add_worker("a", {"GPU": 4}, nthreads=8)
     sim.group("g", [{"GPU": 2}], "pack")
