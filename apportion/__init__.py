@@ -25,6 +25,7 @@ from apportion.futures import FIRST_COMPLETED, Future, as_completed, wait
 from apportion.local import LocalCluster
 from apportion.performance_report import TaskStream as get_task_stream
 from apportion.performance_report import performance_report
+from apportion.placement_group import PlacementGroup
 from apportion.progress import progress
 from apportion.worker_client import get_client, rejoin, secede, worker_client
 
@@ -42,6 +43,7 @@ __all__ = [
     "Lock",
     "NoValidWorkerError",
     "NoWorkerWarning",
+    "PlacementGroup",
     "Queue",
     "Reschedule",
     "ResourceDeadlockError",

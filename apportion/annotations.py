@@ -11,7 +11,7 @@ from typing import Any
 
 from apportion.resources import validate
 
-KNOWN = ("resources", "priority", "retries")
+KNOWN = ("resources", "priority", "retries", "placement_group", "bundle_index")
 
 _current: ContextVar[dict[str, Any] | None] = ContextVar("apportion_annotations", default=None)
 
@@ -34,7 +34,9 @@ def annotate(**annotations: Any) -> Iterator[None]:
             # Dask collections built in the block carry them too (see dask_graph).
             import dask
 
-            with dask.annotate(**annotations):
+            # (Not the placement group: the client's own, no Dask graph carries it.)
+            forwarded = {k: v for k, v in annotations.items() if k in KNOWN[:3]}
+            with dask.annotate(**forwarded):
                 yield
         else:
             yield
@@ -49,4 +51,4 @@ def current() -> dict[str, Any]:
     theirs = dask.get_annotations() if dask is not None else None
     if not theirs:
         return ours
-    return {**{k: v for k, v in theirs.items() if k in KNOWN}, **ours}
+    return {**{k: v for k, v in theirs.items() if k in KNOWN[:3]}, **ours}

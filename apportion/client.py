@@ -27,7 +27,7 @@ import logging
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Coroutine, Generator, Iterable
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, Sequence
 from typing import Any
 
 from apportion import cluster_ops, config
@@ -51,6 +51,7 @@ from apportion.future_table import FutureTable
 from apportion.futures import Future, FutureState, collect_futures
 from apportion.local import LocalCluster
 from apportion.logs import line_count, recent_lines, show_task_output
+from apportion.placement_group import PlacementGroup, group_option
 from apportion.progress import progress
 from apportion.protocol import CommClosedError, Message
 from apportion.reprs import client_text, dashboard_link, summarise, summary_html
@@ -199,12 +200,16 @@ class Client(metaclass=_ClientType):
         resources: dict[str, float] | None = None,
         workers: str | Iterable[str] | None = None,
         allow_other_workers: bool = False,
+        placement_group: PlacementGroup | None = None,
+        bundle_index: int | None = None,
         **kwargs: Any,
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker with ``resources`` free; with
         ``workers`` (names or addresses) only on one of those, or preferring them when
-        ``allow_other_workers``."""
+        ``allow_other_workers``; with ``placement_group`` in one of its bundles
+        (``bundle_index``, else any that fits), out of the bundle's resources."""
         options = self._options(resources, retries, priority, workers, allow_other_workers)
+        options.update(self._group_options(placement_group, bundle_index))
         spec, future = self._prepare(func, args, kwargs, key, pure, options)
         if spec is not None:
             self._enqueue([spec])
@@ -221,10 +226,13 @@ class Client(metaclass=_ClientType):
         resources: dict[str, float] | None = None,
         workers: str | Iterable[str] | None = None,
         allow_other_workers: bool = False,
+        placement_group: PlacementGroup | None = None,
+        bundle_index: int | None = None,
         **kwargs: Any,
     ) -> list[Future]:
         """Submit ``func`` over zipped iterables; one future per element."""
         options = self._options(resources, retries, priority, workers, allow_other_workers)
+        options.update(self._group_options(placement_group, bundle_index))
         rows = list(zip(*iterables, strict=False))
         keys: list[str | None]
         if isinstance(key, list):
@@ -273,6 +281,24 @@ class Client(metaclass=_ClientType):
             options.update(worker_restriction(workers, allow_other_workers))
         return options
 
+    @staticmethod
+    def _group_options(group: Any, bundle_index: Any) -> dict[str, Any]:
+        """The placement group and bundle of the tasks (``annotate`` may name them)."""
+        if group is None:
+            annotations = current_annotations()
+            group = annotations.get("placement_group")
+            if bundle_index is None:
+                bundle_index = annotations.get("bundle_index")
+        return group_option(group, bundle_index)
+
+    def placement_group(
+        self, bundles: Sequence[Mapping[str, float]], strategy: str = "pack"
+    ) -> PlacementGroup:
+        """Reserve ``bundles`` (resource maps) together on workers chosen by ``strategy``
+        (``pack``, ``spread``, ``strict_pack``, ``strict_spread``): all at once or none.
+        Returns at once; ``.ready(timeout)`` waits until they are held (docs/sharing.md)."""
+        return PlacementGroup(self.session, bundles, strategy)
+
     def _prepare(
         self,
         func: Callable[..., Any],
@@ -311,6 +337,10 @@ class Client(metaclass=_ClientType):
                     if "workers" in options
                     else sorted(options["resources"].items())
                 ).encode()
+                if "placement_group" in options:  # another group is another task
+                    demand += repr(
+                        (options["placement_group"], options.get("bundle_index"))
+                    ).encode()
                 token = tokenize(func_bytes, args_bytes, demand)
             else:
                 table = self.future_table  # (impure keys: a counter, no uuid4 per task)

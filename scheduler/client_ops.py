@@ -22,6 +22,7 @@ from apportion.scheduler.validation import (
     check_keys,
     check_lines,
     check_parent,
+    check_placement_group,
     check_retire,
     check_submit,
 )
@@ -254,6 +255,34 @@ def on_coord(server: SchedulerShell, client: str, comm: Comm, message: Message) 
     server.coordination.handle(client, message)
 
 
+# --------------------------------------------------------- placement groups
+def on_placement_group(server: SchedulerShell, client: str, comm: Comm, message: Message) -> None:
+    """Make a placement group (placement_groups.py); answered at once, ready or not."""
+    groups = server.state.placement_groups()
+    try:
+        groups.create(client, message["group"], message["bundles"], message["strategy"])
+    except ValueError as exc:
+        _reply(comm, message, error=str(exc))
+        return
+    _reply(comm, message)
+
+
+def on_placement_group_ready(
+    server: SchedulerShell, client: str, comm: Comm, message: Message
+) -> None:
+    """Answered once the group is ready (``wait``, the default), or at once with its state."""
+    server.state.placement_groups().wait_ready(
+        client, message["group"], message["id"], bool(message.get("wait", True))
+    )
+
+
+def on_remove_placement_group(
+    server: SchedulerShell, client: str, comm: Comm, message: Message
+) -> None:
+    server.state.placement_groups().remove(message["group"])
+    _reply(comm, message)
+
+
 def _check_restore_argument(message: Message) -> None:
     check_submit({"tasks": [message.get("task")]})  # stored_arguments.py
 
@@ -304,6 +333,13 @@ CLIENT_OPS: dict[str, ClientOp] = {
     "task-stream": ClientOp(check_id, on_task_stream),
     "coord": ClientOp(check_id, on_coord),
     "restart": ClientOp(check_id, on_restart),
+    "placement-group": ClientOp(_checks(check_id, check_placement_group), on_placement_group),
+    "placement-group-ready": ClientOp(
+        _checks(check_id, check_placement_group), on_placement_group_ready
+    ),
+    "remove-placement-group": ClientOp(
+        _checks(check_id, check_placement_group), on_remove_placement_group
+    ),
     "restore-argument": ClientOp(_checks(check_id, _check_restore_argument), on_restore_argument),
 }
 

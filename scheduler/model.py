@@ -118,6 +118,7 @@ class WorkerState:
         "address",
         "fitting_shapes",
         "free",
+        "gang",
         "has_what",
         "held",
         "idle_since",
@@ -161,6 +162,9 @@ class WorkerState:
         # held[name] = min(its demand, total - used). Empty while not reserved.
         self.reserved_for: TaskState | None = None
         self.held: Resources = {}
+        # What placement groups hold or claim here (placement_groups.WorkerGang); None
+        # while they hold nothing, so that the hot path pays one check for them.
+        self.gang: Any = None
         self.max_slots = self.nthreads + max(0, prefetch)
         self.slots = self.max_slots
         # Chosen for removal (scale-down): no new work (slots 0) until stopped or kept.

@@ -39,6 +39,7 @@ from apportion.scheduler.placement import (
     pick_worker,
     reserving_shapes,
 )
+from apportion.scheduler.placement_groups import BundleShape, PlacementGroups, holding
 from apportion.scheduler.recovery import WorkerReport
 from apportion.scheduler.restrictions import (
     describe,
@@ -198,6 +199,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
 
     def remove_client(self, client: str) -> None:
         self.clients.discard(client)
+        if self.groups is not None:
+            self.groups.client_left(client)
         self._named.pop(self._singletons.pop(client, NOTHING), None)
         wanted = [ts for ts in self.tasks.values() if client in ts.who_wants]
         for ts in wanted:
@@ -235,6 +238,9 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if workers:  # part of the demand (see restrictions.py)
                 shape = restrict(shape, workers, bool(spec.get("allow_other_workers")))
                 shape = shapes.setdefault(shape, shape)
+            refused = None
+            if "placement_group" in spec:  # a task in a bundle (placement_groups.py)
+                shape, refused = self._bundle_shape(spec, shape)
             priority = spec.get("priority")
             if priority:
                 priority = urgent = int(priority)
@@ -254,6 +260,9 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 wants,
             )
             tasks[key] = ts
+            if refused is not None:
+                self._fail(ts, refused)
+                continue
             deps = spec.get("deps")
             if not deps:
                 new.append(ts)
@@ -295,6 +304,40 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 self._ensure_computed(ts)
             elif ts.state == "released":  # not made ready already, as another's dependency
                 self._make_ready(ts)
+
+    def _bundle_shape(self, spec: Message, demand: Shape) -> tuple[Shape, ValueError | None]:
+        """The shape of a task submitted into a placement group's bundle, or why it cannot
+        be (then the task fails)."""
+        try:
+            if self.groups is None:
+                raise ValueError(f"no placement group {spec['placement_group']!r}")
+            group, index = str(spec["placement_group"]), spec.get("bundle_index")
+            return self.groups.bundle_shape(group, index, dict(demand)), None
+        except ValueError as exc:
+            return EMPTY_SHAPE, exc
+
+    # Placement groups (placement_groups.py) ask these of the state.
+    def queue_aside(self, ts: TaskState, reason: str) -> None:
+        """``ts`` waits as queued, but outside the ready queues (in its bundle's queue)."""
+        self._set_state(ts, "queued", reason)
+
+    def start_in_bundle(self, ts: TaskState, ws: WorkerState, demand: dict[str, float]) -> None:
+        """Start ``ts`` in its bundle on ``ws``: the bundle's units are booked already; the
+        worker is told the demand, to hand the run its numbered units."""
+        self._assign(ts, ws)
+        self.outbox[ws.address][-1]["resources"] = dict(demand)
+
+    @property
+    def groups(self) -> PlacementGroups | None:
+        """Placement groups (placement_groups.py): None until a client makes one. (Kept in
+        ``settings``: see the note on this object's attributes at the end of __init__.)"""
+        return self.settings.groups
+
+    def placement_groups(self) -> PlacementGroups:
+        groups = self.settings.groups
+        if groups is None:
+            groups = self.settings.groups = PlacementGroups(self)
+        return groups
 
     def _report_existing(self, client: str, ts: TaskState) -> None:
         if ts.state == "memory":
@@ -366,6 +409,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             for ts in self.no_worker.pop(shape):
                 self._set_state(ts, "released", "a worker that fits it joined")
                 self._make_ready(ts)
+        if self.groups is not None:
+            self.groups.worker_joined()
         self._fill(ws)
         logger.info("worker %s joined from %s with %s", name, address, format_resources(ws.total))
         if self.events is not None:
@@ -429,6 +474,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 self._set_state(ts, "released", "its worker left")
                 rerun.append(ts)
         ws.processing.clear()
+        if self.groups is not None:  # its bundles are placed again, its claims dropped
+            self.groups.worker_lost(ws)
         # 3. Queued tasks no remaining worker could ever run now wait in no-worker.
         for ts in orphaned:
             if ts.state == "queued":  # not sent back to waiting by a lost dependency above
@@ -694,6 +741,9 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 self._make_ready(ts)
 
     def _make_ready(self, ts: TaskState) -> None:
+        if type(ts.shape) is BundleShape and self.groups is not None:
+            self.groups.task_ready(ts)  # runs in its bundle, on the bundle's worker
+            return
         fitting = self.fitting.get(ts.shape)
         if fitting is None:
             fitting = self.fitting[ts.shape] = set()
@@ -827,6 +877,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 used[name] = left = 0 if -1e-9 < left < 1e-9 else left
                 free[name] = total[name] - left - held[name] if name in held else total[name] - left
         if ws.address in self.workers:
+            if ws.gang is not None and self.groups is not None:
+                self.groups.worker_freed(ws)  # placement groups first: their claims, bundles
             if adjusted is not None:
                 if ws in adjusted.shrunk and all(
                     used[name] <= amount + 1e-9 for name, amount in total.items()
@@ -926,6 +978,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         for name in ws.held:
             free[name] = total[name] - used[name]
         ws.held = {}
+        if ws.gang is not None and self.groups is not None and ws.address in self.workers:
+            self.groups.worker_freed(ws)  # units a placement group claims came free
 
     def _pass_on(self, ts: TaskState) -> None:
         """``ts`` left the queue: its worker passes to the next task waiting for one."""
@@ -1164,6 +1218,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 for shape, tasks in self.no_worker.items()
             ],
             "queued": [{**describe(shape), "tasks": n} for shape, n in self.ready.counts().items()],
+            "placement_groups": {} if self.groups is None else self.groups.info(),
         }
 
     def story(self, key: str) -> list[dict[str, Any]]:
@@ -1200,6 +1255,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                     continue
                 for name, amount in ts.shape:
                     expected[name] = expected.get(name, 0) + amount
+            for name, amount in holding(ws).items():  # placement groups' bundles and claims
+                expected[name] = expected.get(name, 0) + amount
             for name, total in ws.total.items():
                 used = ws.used.get(name, 0)
                 if used > total + 1e-9 and ws not in shrunk:
@@ -1237,15 +1294,18 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 problems.append(f"task {ts.key} processing without a run")
             if ts.state == "memory" and not ts.who_has:
                 problems.append(f"task {ts.key} in memory nowhere")
+        if self.groups is not None:
+            problems.extend(self.groups.problems())
         return problems + self._retirement_problems()
 
 
 class Settings:
     """The scheduler's settings read off the hot path (from the configuration)."""
 
-    __slots__ = ("allowed_failures", "no_worker_timeout", "prefetch")
+    __slots__ = ("allowed_failures", "groups", "no_worker_timeout", "prefetch")
 
     def __init__(self) -> None:
+        self.groups: PlacementGroups | None = None  # (not a setting: see SchedulerState.groups)
         self.prefetch = int(config.get("scheduler.worker-prefetch"))
         self.allowed_failures = int(config.get("scheduler.allowed-failures"))
         timeout = config.get("scheduler.no-worker-timeout")

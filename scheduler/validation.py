@@ -24,6 +24,8 @@ _TASK_FIELDS = frozenset(
         "retries",
         "workers",
         "allow_other_workers",
+        "placement_group",  # the group and bundle it runs in (placement_groups.py)
+        "bundle_index",
     }
 )
 
@@ -104,6 +106,12 @@ def _task_problem(task: Any, seen: set[str]) -> str | None:
             return f"task {key!r}: 'workers' must be a list of worker names or addresses"
         if type(task.get("allow_other_workers", False)) is not bool:
             return f"task {key!r}: 'allow_other_workers' must be true or false"
+    if "placement_group" in task:
+        if type(task["placement_group"]) is not str:
+            return f"task {key!r}: 'placement_group' must be a group's id (a string)"
+        index = task.get("bundle_index", 0)
+        if not _is_int(index) or index < 0:
+            return f"task {key!r}: 'bundle_index' must be an int >= 0"
     return None
 
 
@@ -142,3 +150,21 @@ def check_parent(message: Message) -> str:
     parent: Any = message.get("parent")
     _expect(isinstance(parent, str) and parent != "", "'parent' must be a task key")
     return parent
+
+
+def check_placement_group(message: Message) -> None:
+    """A request naming a placement group; one making a group also gives its bundles
+    (maps of resources, normalized in place) and a strategy."""
+    _expect(type(message.get("group")) is str, f"{message['op']!r} needs 'group': its id")
+    if message["op"] != "placement-group":
+        return
+    bundles: Any = message.get("bundles")
+    _expect(
+        isinstance(bundles, list) and len(bundles) > 0,
+        "'placement-group' needs 'bundles': a non-empty list of resource maps",
+    )
+    try:
+        message["bundles"] = [validate(bundle) for bundle in bundles]
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"placement group bundle: {exc}") from None
+    _expect(type(message.get("strategy")) is str, "'placement-group' needs a 'strategy'")

@@ -5,6 +5,7 @@ section given a Python block is run by a test, or this file fails until it is.""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -31,6 +32,14 @@ def test_the_quick_start_runs_as_pasted(tmp_path: Path) -> None:
     assert done.stdout.splitlines() == ["74", "[10, 15, 21, 28]"]
 
 
+def test_the_gangs_example_runs_as_pasted(tmp_path: Path) -> None:
+    (line,) = run_example("Gangs", tmp_path).stdout.splitlines()
+    ranks = ast.literal_eval(line)  # a printed list of tuples
+    assert [rank for rank, _, _ in ranks] == [0, 1]
+    assert sorted(worker for _, worker, _ in ranks) == ["gpu-0", "gpu-1"]
+    assert all(units == [0, 1] for _, _, units in ranks)
+
+
 def test_the_dask_collections_example_runs_as_pasted(tmp_path: Path) -> None:
     done = run_example("Dask collections", tmp_path)
     assert done.stdout.splitlines() == ["1001000"]
@@ -49,7 +58,7 @@ def test_the_dashboard_example_runs_as_pasted(tmp_path: Path) -> None:
 # Sections of the README whose Python blocks run elsewhere: by hand (test_readme_commands),
 # Coming from Dask (test_coming_from_dask_readme), On Kubernetes (tests/k8s).
 RUN_ELSEWHERE = {"Running a cluster by hand", "Coming from Dask", "On Kubernetes"}
-RUN_HERE = {"Quick start", "Dask collections", "The dashboard"}
+RUN_HERE = {"Quick start", "Gangs", "Dask collections", "The dashboard"}
 
 
 def test_every_python_block_of_the_readme_is_run_by_a_test() -> None:

@@ -211,6 +211,7 @@ _CLIENT_FILES = {
     "process",
     # the client's reconnection to a restarted scheduler
     "reconnect",
+    "placement_group",
 }  # fmt: skip
 _ENTRY_FILES = {"cli", "__main__", "demo", "build_info"}
 
