@@ -133,7 +133,7 @@ def test_a_fire_and_forget_task_puts_a_future_in_a_queue(
 def test_independent_dask_tasks_spread_over_idle_workers(client: Client) -> None:
     # Both depend on the graph's one chunk task: the worker holding it must not take both.
     a, b = dask.delayed(slow_worker_name)(1), dask.delayed(slow_worker_name)(2)
-    first, second = client.compute([a, b], sync=True)
+    first, second = client.gather(client.compute([a, b]))
     assert first != second
 
 
