@@ -70,7 +70,7 @@ def dataframe_program() -> Any:
     df = df.persist()
     by_name = df.groupby("name").x.mean().compute().sort_index()
     hourly = df.x.resample("1D").mean().compute()
-    rolling = df.x.rolling("6h").mean().head(50)
+    rolling = df.x.rolling("6h").mean().head(20)
     return by_name, hourly, rolling
 
 
