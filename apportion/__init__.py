@@ -7,6 +7,7 @@
 """
 
 from apportion import config
+from apportion.actors import Actor, ActorFuture
 from apportion.annotations import annotate
 from apportion.client import Client, NoWorkerWarning
 from apportion.coordination import Event, Lock, Queue, Semaphore, Variable
@@ -44,6 +45,8 @@ after_import("joblib", _register_joblib_backend)
 __all__ = [
     "ALL_COMPLETED",
     "FIRST_COMPLETED",
+    "Actor",
+    "ActorFuture",
     "CancelledError",
     "Client",
     "Event",

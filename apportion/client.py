@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator, Iterable
 from typing import Any
 
-from apportion import cluster_ops, config, datasets
+from apportion import actor_host, cluster_ops, config, datasets
 from apportion.aio import background
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
@@ -175,11 +175,16 @@ class Client(metaclass=_ClientType):
         resources: dict[str, float] | None = None,
         workers: str | Iterable[str] | None = None,
         allow_other_workers: bool = False,
+        actor: bool = False,
         **kwargs: Any,
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker with ``resources`` free; with
         ``workers`` (names or addresses) only on one of those, or preferring them when
-        ``allow_other_workers``."""
+        ``allow_other_workers``. ``actor=True``: ``func`` is a class, made on a worker and
+        kept there; the result is a proxy of it (apportion/actors.py)."""
+        if actor:
+            func, args, kwargs = actor_host.create, (func, args, kwargs), {}
+            pure = False
         options = self._options(resources, retries, priority, workers, allow_other_workers)
         spec, future = self._prepare(
             func, args, kwargs, key, pure, options, limit=task_bytes_limit()

@@ -23,6 +23,8 @@ import pandas as pd
 import pytest
 
 from apportion import (
+    Actor,
+    ActorFuture,
     Client,
     LocalCluster,
     Queue,
@@ -34,9 +36,12 @@ from apportion import (
     get_worker,
     wait,
 )
+from tests.integration import dask_tasks
+from tests.integration.dask_tasks import Counter
 
 # Workers import nothing from the test tree: this module's functions go by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(dask_tasks)
 
 WORKERS = [
     {"name": "gpu", "nthreads": 1, "resources": {"GPU": 1}},
@@ -336,3 +341,21 @@ def test_array_results_match_dasks_own(client: Client) -> None:
     x = da.random.default_rng(0).random((200, 200), chunks=(50, 50))
     expected = (x @ x.T).sum(axis=0).compute(scheduler="sync")
     np.testing.assert_allclose(client.compute((x @ x.T).sum(axis=0)).result(timeout=60), expected)
+
+
+def increment_from_a_task(counter: Actor) -> int:
+    return int(counter.increment().result())
+
+
+def test_an_actor_lives_on_one_worker_and_runs_its_methods_there(client: Client) -> None:
+    future = client.submit(Counter, actor=True)
+    counter = future.result(timeout=30)
+    assert isinstance(counter, Actor)
+    calls = [counter.increment() for _ in range(10)]
+    assert isinstance(calls[0], ActorFuture)
+    assert sorted(call.result(timeout=30) for call in calls) == list(range(1, 11))
+    assert counter.n == 10
+    # A task gets a proxy of the same object.
+    assert client.submit(increment_from_a_task, counter, pure=False).result(timeout=30) == 11
+    del future  # the proxy alone keeps it alive
+    assert counter.increment().result(timeout=30) == 12

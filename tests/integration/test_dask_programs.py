@@ -4,8 +4,8 @@ Each program below is written as it is for dask.distributed (from dask-examples,
 tutorial and dask.distributed's documentation), with ``from dask.distributed import ...``
 changed to ``from apportion import ...`` and nothing else. A collection program's result is
 compared with Dask's own synchronous scheduler running the same code in this process; a
-program of dask.distributed's own API (futures, coordination, publish, tasks from tasks,
-joblib) with what the same computation gives in plain Python.
+program of dask.distributed's own API (futures, coordination, publish, actors, tasks from
+tasks, joblib) with what the same computation gives in plain Python.
 """
 
 from __future__ import annotations
@@ -39,8 +39,11 @@ from apportion import (
     wait,
     worker_client,
 )
+from tests.integration import dask_tasks
+from tests.integration.dask_tasks import Counter
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(dask_tasks)
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +246,14 @@ def test_tasks_from_tasks_program(client: Client) -> None:
     assert client.submit(fib, 10).result() == 55
     expected = [sum(x**2 for x in range(s, s + 4)) for s in range(6)]
     assert client.gather(client.map(simulation, range(6), pure=False)) == expected
+
+
+def test_actors_program(client: Client) -> None:
+    """The actors page: a counter on one worker, incremented from the client."""
+    counter = client.submit(Counter, actor=True).result()
+    futures = [counter.increment() for _ in range(100)]
+    assert max(f.result() for f in futures) == 100
+    assert counter.n == 100
 
 
 def test_joblib_program(client: Client) -> None:

@@ -207,7 +207,7 @@ _CORE_FILES = {
 _CLIENT_FILES = {
     "session", "future_table", "client", "async_client", "futures", "cluster_ops",
     "coordination", "data", "datasets", "default_client", "lineage", "worker_client", "progress",
-    "reprs", "import_hooks", "joblib_backend",
+    "reprs", "import_hooks", "joblib_backend", "actors", "actor_host",
     "performance_report", "stored_args", "local", "kubernetes", "port_forward", "process",
     # the client's reconnection to a restarted scheduler
     "reconnect",
