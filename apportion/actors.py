@@ -37,15 +37,24 @@ class Actor:
         self._cls_name = cls_name
         self._key = key
         self._address = address
-        self._client = default_client()
-        # Keeps the object on its worker while this proxy lives.
-        self._future = self._client.future_table.future(key)
+        self._client: Any = None
+        self._future: Future | None = None
+        try:  # a future of it keeps the object on its worker while this proxy lives
+            self._connect()
+        except ValueError:  # unpickled outside a task on a worker (a peer's copy): later
+            pass
+
+    def _connect(self) -> Any:
+        if self._client is None:
+            self._client = default_client()
+            self._future = self._client.future_table.future(self._key)
+        return self._client
 
     def __reduce__(self) -> Any:
         return (Actor, (self._cls_name, self._key, self._address))
 
     def _submit(self, func: Any, *args: Any) -> Future:
-        future: Future = self._client.submit(func, *args, workers=[self._address], pure=False)
+        future: Future = self._connect().submit(func, *args, workers=[self._address], pure=False)
         return future
 
     def __getattr__(self, name: str) -> Any:

@@ -359,3 +359,9 @@ def test_an_actor_lives_on_one_worker_and_runs_its_methods_there(client: Client)
     assert client.submit(increment_from_a_task, counter, pure=False).result(timeout=30) == 11
     del future  # the proxy alone keeps it alive
     assert counter.increment().result(timeout=30) == 12
+
+
+def test_an_actor_given_as_a_future_reaches_a_task_on_another_worker(client: Client) -> None:
+    future = client.submit(Counter, actor=True, workers=["cpu-1"])
+    task = client.submit(increment_from_a_task, future, workers=["cpu-2"], pure=False)
+    assert task.result(timeout=30) == 1
