@@ -7,6 +7,7 @@
 """
 
 from apportion import config
+from apportion.actors import Actor, ActorFuture
 from apportion.annotations import annotate
 from apportion.client import Client, NoWorkerWarning
 from apportion.coordination import Event, Lock, Queue, Semaphore, Variable
@@ -21,7 +22,8 @@ from apportion.errors import (
     ResourceDeadlockError,
     SchedulerConnectionError,
 )
-from apportion.futures import FIRST_COMPLETED, Future, as_completed, wait
+from apportion.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, as_completed, futures_of, wait
+from apportion.import_hooks import after_import
 from apportion.local import LocalCluster
 from apportion.performance_report import TaskStream as get_task_stream
 from apportion.performance_report import performance_report
@@ -31,8 +33,21 @@ from apportion.worker_client import get_client, rejoin, secede, worker_client
 
 __version__ = "0.1.0"
 
+
+def _register_joblib_backend() -> None:
+    from apportion.joblib_backend import register
+
+    register()
+
+
+# joblib.parallel_backend("dask") runs on apportion, as with dask.distributed.
+after_import("joblib", _register_joblib_backend)
+
 __all__ = [
+    "ALL_COMPLETED",
     "FIRST_COMPLETED",
+    "Actor",
+    "ActorFuture",
     "CancelledError",
     "Client",
     "Event",
@@ -56,6 +71,7 @@ __all__ = [
     "as_completed",
     "config",
     "fire_and_forget",
+    "futures_of",
     "get_client",
     "get_task_stream",
     "get_worker",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import inspect
 import logging
 import time
 import warnings
@@ -30,7 +31,7 @@ import weakref
 from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, Sequence
 from typing import Any
 
-from apportion import cluster_ops, config
+from apportion import actor_host, cluster_ops, config, datasets
 from apportion.aio import background
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
@@ -48,7 +49,8 @@ from apportion.data import (
 )
 from apportion.errors import FrameTooLargeError, SchedulerConnectionError
 from apportion.future_table import FutureTable
-from apportion.futures import Future, FutureState, collect_futures
+from apportion.futures import Future, FutureState, blocking_wait, collect_futures, states_of
+from apportion.lineage import failed as failed_lineage
 from apportion.local import LocalCluster
 from apportion.logs import line_count, recent_lines, show_task_output
 from apportion.placement_group import PlacementGroup, group_option
@@ -202,12 +204,18 @@ class Client(metaclass=_ClientType):
         allow_other_workers: bool = False,
         placement_group: PlacementGroup | None = None,
         bundle_index: int | None = None,
+        actor: bool = False,
         **kwargs: Any,
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker with ``resources`` free; with
         ``workers`` (names or addresses) only on one of those, or preferring them when
         ``allow_other_workers``; with ``placement_group`` in one of its bundles
-        (``bundle_index``, else any that fits), out of the bundle's resources."""
+        (``bundle_index``, else any that fits), out of the bundle's resources.
+        ``actor=True``: ``func`` is a class, made on a worker and kept there; the result is
+        a proxy of it (apportion/actors.py)."""
+        if actor:
+            func, args, kwargs = actor_host.create, (func, args, kwargs), {}
+            pure = False
         options = self._options(resources, retries, priority, workers, allow_other_workers)
         options.update(self._group_options(placement_group, bundle_index))
         spec, future = self._prepare(func, args, kwargs, key, pure, options)
@@ -609,7 +617,10 @@ class Client(metaclass=_ClientType):
     # ---------------------------------------------------------------- results
     def gather(self, futures: Any, errors: str = "raise") -> Any:
         """Results of futures, in the same structure (a future, list, tuple, dict, nesting)."""
-        return self.future_table.gather(futures, errors)
+        if all(f.done() for f in collect_futures(futures)):
+            return self.future_table.gather(futures, errors)
+        with blocking_wait():  # inside a task: its thread is given back meanwhile
+            return self.future_table.gather(futures, errors)
 
     def cancel(self, futures: Iterable[Future], force: bool = False) -> None:
         """Cancel tasks (and what depends on them); their futures raise CancelledError.
@@ -737,23 +748,70 @@ class Client(metaclass=_ClientType):
         return cluster_ops.get_task_stream(self.session, start)
 
     # ------------------------------------------------- Dask collections (apportion[dask])
-    def get(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
-        """Dask's scheduler function: ``dask.compute(x, scheduler=client.get)``."""
+    def get(
+        self,
+        dsk: Any,
+        keys: Any,
+        workers: str | list[str] | None = None,
+        allow_other_workers: bool = False,
+        resources: dict[str, float] | None = None,
+        retries: int | None = None,
+        priority: int | None = None,
+        sync: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """Dask's scheduler function: ``dask.compute(x, scheduler=client.get)``. The options
+        apply to every task of the graph (a layer's own annotations win); ``sync=False``
+        gives futures instead of results."""
         from apportion import dask_client
 
-        return dask_client.get(self.future_table, dsk, keys, **kwargs)
+        options = dask_client.graph_options(
+            resources, workers, allow_other_workers, retries, priority
+        )
+        return dask_client.get(self.future_table, dsk, keys, options, sync)
 
-    def compute(self, collections: Any, optimize_graph: bool = True) -> Any:
-        """Start computing Dask collections: a future per collection (list in, list out)."""
+    def compute(
+        self,
+        collections: Any,
+        sync: bool = False,
+        optimize_graph: bool = True,
+        workers: str | list[str] | None = None,
+        allow_other_workers: bool = False,
+        resources: dict[str, float] | None = None,
+        retries: int | None = None,
+        priority: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Start computing Dask collections: a future per collection (list in, list out);
+        ``sync=True``: their results. The options apply to every task of the graphs (a
+        layer's own annotations win)."""
         from apportion import dask_client
 
-        return dask_client.compute(self.future_table, collections, optimize_graph)
+        options = dask_client.graph_options(
+            resources, workers, allow_other_workers, retries, priority
+        )
+        futures = dask_client.compute(self.future_table, collections, optimize_graph, options)
+        return self.gather(futures) if sync else futures
 
-    def persist(self, collections: Any, optimize_graph: bool = True, **kwargs: Any) -> Any:
-        """The same Dask collections, backed by futures of their chunks on the cluster."""
+    def persist(
+        self,
+        collections: Any,
+        optimize_graph: bool = True,
+        workers: str | list[str] | None = None,
+        allow_other_workers: bool = False,
+        resources: dict[str, float] | None = None,
+        retries: int | None = None,
+        priority: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The same Dask collections, backed by futures of their chunks on the cluster. The
+        options apply to every task of the graphs (a layer's own annotations win)."""
         from apportion import dask_client
 
-        return dask_client.persist(self.future_table, collections, optimize_graph, **kwargs)
+        options = dask_client.graph_options(
+            resources, workers, allow_other_workers, retries, priority
+        )
+        return dask_client.persist(self.future_table, collections, optimize_graph, options)
 
     def as_default(self) -> Any:
         """Make this client Dask's default scheduler (also usable as a ``with`` block)."""
@@ -774,6 +832,71 @@ class Client(metaclass=_ClientType):
         if broadcast:
             copy_to_every_worker(self.session, futures, BROADCAST_TIMEOUT)
         return shaped_like(data, futures)
+
+    # ------------------------------------ published datasets (apportion/datasets.py)
+    def publish_dataset(
+        self, *args: Any, name: str | None = None, override: bool = False, **kwargs: Any
+    ) -> None:
+        """Publish values for other clients under names: ``publish_dataset(df, name="x")``
+        or ``publish_dataset(x=df)``; futures inside (a persisted collection's chunks)
+        stay on the cluster while published. A name taken raises unless ``override``."""
+        if args:
+            if name is None:
+                raise TypeError(
+                    "publish_dataset(value, ...) needs name=: the name to publish it as"
+                )
+            if len(args) != 1:
+                raise TypeError(f"publish_dataset takes one value with name=, got {len(args)}")
+            kwargs[name] = args[0]
+        elif name is not None:
+            raise TypeError("name= names a value given as the first argument; none was given")
+        datasets.publish(self.future_table, kwargs, override)
+
+    def get_dataset(
+        self, name: str, default: Any = datasets._NO_DEFAULT, timeout: float | None = None
+    ) -> Any:
+        """The dataset published as ``name`` (KeyError, or ``default``, if there is none;
+        with ``timeout``, waiting up to that long for it to be published)."""
+        return datasets.get(self.future_table, name, default, timeout)
+
+    def list_datasets(self) -> list[str]:
+        """The names of the published datasets."""
+        return datasets.names(self.future_table)
+
+    def unpublish_dataset(self, name: str) -> None:
+        """Remove a published dataset (KeyError if there is none of that name)."""
+        datasets.unpublish(self.future_table, name)
+
+    @property
+    def datasets(self) -> datasets.Datasets:
+        """The published datasets as a dictionary."""
+        return datasets.Datasets(self.future_table)
+
+    def retry(self, futures: Iterable[Future]) -> None:
+        """Run failed tasks again (with their failed dependencies): ``future.retry()``.
+
+        The scheduler forgets each failed task (this client lets go of it) and is given
+        it again as first submitted."""
+        again = failed_lineage(states_of(collect_futures(futures)))
+        if not again:
+            return
+        for state in again:
+            state.restart()
+        keys = [state.key for state in again]
+        with self._lock:
+            lineage_only = [key for key in keys if key not in self.future_table.refs]
+        self.session.post({"op": "release", "keys": keys})
+        self.session.post({"op": "submit", "tasks": [state.spec for state in again]})
+        if lineage_only:
+            self.session.post({"op": "release", "keys": lineage_only})
+
+    def sync(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``func(*args, **kwargs)`` and, if it is a coroutine, run it to its result
+        on the client's event loop (as Dask's ``Client.sync``)."""
+        result = func(*args, **kwargs)
+        if inspect.isawaitable(result):
+            return self.session.run(_awaited(result))
+        return result
 
     # ------------------------------------------------------- scheduler events
     def _on_no_worker(self, message: Message) -> None:
@@ -834,6 +957,10 @@ class Client(metaclass=_ClientType):
         return client_text(getattr(self, "id", "?"), self.scheduler_address, summary, link or "")
 
 
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
 class AsyncClient(Client):
     """A client for code running in an event loop; see the module's docstring."""
 
@@ -858,6 +985,11 @@ class AsyncClient(Client):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def sync(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``func(*args, **kwargs)`` as it is: a coroutine for the caller to await in its
+        own loop (as Dask's asynchronous ``Client.sync``)."""
+        return func(*args, **kwargs)
 
     async def _on_io(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on the session's loop; awaited from the caller's loop."""

@@ -11,7 +11,7 @@ from typing import Any
 from apportion.errors import SchedulerConnectionError
 from apportion.futures import Future
 from apportion.resources import validate
-from apportion.serialize import dumps_args, dumps_value, loads_exception, loads_value
+from apportion.serialize import dumps_args, loads_exception, loads_value
 from apportion.session import Session
 
 
@@ -39,7 +39,9 @@ def run_on_scheduler(session: Session, func: Callable[..., Any], *args: Any, **k
     if deps:
         raise TypeError("run_on_scheduler takes no futures as arguments")
     reply = session.request(
-        {"op": "run-on-scheduler", "func": dumps_value(func), "args": args_bytes}
+        # cloudpickle, as client.run: a function of the user's script (``__main__``) goes by
+        # value; by reference, the scheduler would look for it in its own __main__.
+        {"op": "run-on-scheduler", "func": session.functions.dumps(func), "args": args_bytes}
     )
     if "exception" in reply:
         raise loads_exception(reply["exception"], reply.get("traceback", ""))

@@ -2,12 +2,15 @@
 ``Semaphore`` (as in dask.distributed; the scheduler's side is scheduler/coordination.py).
 
 Objects of the same name, made by any client or task, share one state on the scheduler.
-Values are pickled (anything a task may return; futures are not shared this way). A
-waiting call with a ``timeout`` gives up after it: ``Queue.get`` and ``Variable.get`` then
-raise ``TimeoutError``; ``Event.wait``, ``Lock.acquire`` and ``Semaphore.acquire`` return
-False. Leases (locks, semaphores) belong to the client that took them and are released if
-it disconnects. After a scheduler restart the client gives the new scheduler back the
-leases it holds and the events it set; variables and queues start empty there.
+Values are pickled (anything a task may return), futures included: a future set in a
+variable or put in a queue keeps its result on the cluster until the value is replaced,
+deleted or taken, and whoever gets the value gets a future of its own
+(apportion/datasets.py). A waiting call with a ``timeout`` gives up after it:
+``Queue.get`` and ``Variable.get`` then raise ``TimeoutError``; ``Event.wait``,
+``Lock.acquire`` and ``Semaphore.acquire`` return False. Leases (locks, semaphores)
+belong to the client that took them and are released if it disconnects. After a
+scheduler restart the client gives the new scheduler back the leases it holds and the
+events it set; variables and queues start empty there.
 
 A Semaphore and a resource are different limits (see the README's "Coming from Dask"):
 ``resources={"license": 1}`` is counted per worker by the scheduler *before* a task
@@ -18,33 +21,18 @@ waits, unless the task secedes).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 import weakref
 from typing import Any
 
 from apportion.client import Client
+from apportion.datasets import CoordinationError, ask, pack, unpack
 from apportion.default_client import default_client
-from apportion.errors import ApportionError
-from apportion.serialize import dumps_value, loads_value
 from apportion.session import Session
 
 Message = dict[str, Any]
 
-
-class CoordinationError(ApportionError, ValueError):
-    """The scheduler refused a coordination request (the message says why)."""
-
-
-async def _ask(session: Session, message: Message, timeout: float | None) -> Message:
-    """Send one request; after ``timeout`` tell the scheduler to stop waiting, and take its
-    answer to the request (a grant made meanwhile still counts)."""
-    request_id, reply = session.start_request({**message, "op": "coord"})
-    try:
-        return await asyncio.wait_for(asyncio.shield(reply), timeout)
-    except asyncio.TimeoutError:
-        session.start_request({"op": "coord", "action": "cancel", "wait_id": request_id})
-        return await reply
+__all__ = ["CoordinationError", "Event", "Lock", "Queue", "Semaphore", "Variable"]
 
 
 # What each session holds here, for a new scheduler after a restart (restored_messages):
@@ -109,7 +97,7 @@ class _Primitive:
         message = {"action": action, "name": self.name, **fields}
         session = self.session
         session.check_open()
-        reply: Message = session.run(_ask(session, message, timeout))
+        reply: Message = session.run(ask(session, message, timeout))
         if "error" in reply:
             raise CoordinationError(reply["error"])
         return reply
@@ -135,13 +123,13 @@ class Variable(_Primitive):
     kind = "variable"
 
     def set(self, value: Any) -> None:
-        self._call("variable-set", value=dumps_value(value))
+        self._call("variable-set", **pack(value))
 
     def get(self, timeout: float | None = None) -> Any:
         reply = self._call("variable-get", timeout)
         if not reply["ok"]:
             raise TimeoutError(f"variable {self.name!r} not set within {timeout}s")
-        return loads_value(reply["value"])
+        return unpack(self.client.future_table, reply["value"], reply.get("keys"))
 
     def delete(self) -> None:
         self._call("variable-delete")
@@ -153,16 +141,18 @@ class Queue(_Primitive):
     kind = "queue"
 
     def put(self, value: Any, timeout: float | None = None) -> None:
-        self._call("queue-put", value=dumps_value(value))
+        self._call("queue-put", **pack(value))
 
     def get(self, timeout: float | None = None, batch: bool = False) -> Any:
         """The next item (waiting for one), or with ``batch`` every item there now."""
         reply = self._call("queue-get", None if batch else timeout, batch=batch)
         if not reply["ok"]:
             raise TimeoutError(f"queue {self.name!r} stayed empty for {timeout}s")
+        table = self.client.future_table
         if batch:
-            return [loads_value(v) for v in reply["values"]]
-        return loads_value(reply["value"])
+            keys = reply.get("keys") or [None] * len(reply["values"])
+            return [unpack(table, v, k) for v, k in zip(reply["values"], keys, strict=True)]
+        return unpack(table, reply["value"], reply.get("keys"))
 
     def qsize(self) -> int:
         return int(self._call("queue-size")["size"])
@@ -219,6 +209,13 @@ class Semaphore(_Primitive):
     def get_value(self) -> int:
         """How many leases are taken now."""
         return int(self._call("lease-count", max_leases=self.max_leases)["value"])
+
+    def close(self) -> None:
+        """Give back every lease this client holds on it (as disconnecting would); using it
+        again after this is allowed, as Dask's is until its scheduler forgets it."""
+        held = _leases.get(self.session, {}).get(self.name, (self.max_leases, 0))[1]
+        for _ in range(held):
+            self.release()
 
     def __enter__(self) -> Semaphore:
         self.acquire()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import dask
@@ -26,6 +27,7 @@ from apportion.annotations import current as current_annotations
 from apportion.dask_graph import Key, to_key
 from apportion.future_table import FutureTable
 from apportion.futures import Future
+from apportion.restrictions import worker_restriction
 from apportion.serialize import dumps_args
 from apportion.session import task_bytes_limit
 
@@ -67,12 +69,40 @@ def run_node(chunk: list[tuple[Any, tuple]], index: int, *values: Any) -> Any:
 
 
 # -------------------------------------------------------------------- submission
+@dataclass(frozen=True)
+class GraphOptions:
+    """What a call (``Client.compute``, ``persist``, ``get``) asks of every task of its
+    graph: annotations (resources, retries, priority) where a layer says nothing else, and
+    the workers it may run on."""
+
+    defaults: dict[str, Any] = field(default_factory=dict)
+    restriction: dict[str, Any] = field(default_factory=dict)
+
+
+def graph_options(
+    resources: dict[str, float] | None = None,
+    workers: str | list[str] | None = None,
+    allow_other_workers: bool = False,
+    retries: int | None = None,
+    priority: int | None = None,
+) -> GraphOptions:
+    """Options of a call, as Dask's ``compute``/``persist``/``get`` take them: they apply to
+    every task of the graph, over the annotations in force where the call is made (the
+    annotations of the collection's own layers still win, as in Dask)."""
+    given = {"resources": resources, "retries": retries, "priority": priority}
+    defaults = {**call_annotations(), **{k: v for k, v in given.items() if v is not None}}
+    dask_graph.task_options(defaults)  # checked now, with a clear error, not per task
+    restriction = {} if workers is None else worker_restriction(workers, allow_other_workers)
+    return GraphOptions(defaults, restriction)
+
+
 def submit_graph(
-    table: FutureTable, expr: Any, outputs: list[Key], defaults: dict[str, Any] | None = None
+    table: FutureTable, expr: Any, outputs: list[Key], options: GraphOptions | None = None
 ) -> dict[Key, Future]:
     """Submit the graph of ``expr`` in one message; futures for ``outputs``."""
     graph, annotations = dask_graph.graph_of(expr, outputs)
-    return submit_tasks(table, graph, annotations, outputs, defaults)
+    options = options or graph_options()
+    return submit_tasks(table, graph, annotations, outputs, options.defaults, options.restriction)
 
 
 def submit_tasks(
@@ -81,6 +111,7 @@ def submit_tasks(
     annotations: dict[Key, Any],
     outputs: list[Key],
     defaults: dict[str, Any] | None = None,
+    restriction: dict[str, Any] | None = None,
 ) -> dict[Key, Future]:
     if defaults is None:
         defaults = call_annotations()
@@ -116,7 +147,16 @@ def submit_tasks(
         for index, task in enumerate(tasks):
             refs = [_Ref(key) for key in task.deps.values()]
             args, deps = dumps_args((chunk, index, *refs), {}, _Ref)
-            specs.append({"key": task.key, "func": run, "args": args, "deps": deps, **task.options})
+            specs.append(
+                {
+                    "key": task.key,
+                    "func": run,
+                    "args": args,
+                    "deps": deps,
+                    **task.options,
+                    **(restriction or {}),
+                }
+            )
     futures = {key: table.future(to_key(key)) for key in dict.fromkeys(outputs)}
     wanted = table.attach_lineage(specs)  # for a new scheduler after a restart
     intermediate = [s["key"] for s in specs if s["key"] not in wanted]
@@ -145,11 +185,20 @@ def cluster_settings() -> Any:
 
 
 # -------------------------------------------------------------------- the protocol
-def get(table: FutureTable, dsk: Any, keys: Any, **kwargs: Any) -> Any:
-    """Dask's scheduler function: ``dask.compute(x, scheduler=client.get)``."""
+def get(
+    table: FutureTable,
+    dsk: Any,
+    keys: Any,
+    options: GraphOptions | None = None,
+    sync: bool = True,
+) -> Any:
+    """Dask's scheduler function: ``dask.compute(x, scheduler=client.get)``; futures in
+    place of results when not ``sync``."""
     outputs = list(flatten(keys)) if isinstance(keys, list) else [keys]
     expr = _as_expr(dsk, outputs)
-    futures = submit_graph(table, expr, outputs)
+    futures = submit_graph(table, expr, outputs, options)
+    if not sync:
+        return _pack(keys, futures)
     values = dict(zip(futures, table.gather(list(futures.values())), strict=True))
     return _pack(keys, values)
 
@@ -173,7 +222,12 @@ def _as_expr(dsk: Any, outputs: list[Key]) -> Any:
     return HLGExpr(dsk=dsk, output_keys=outputs)
 
 
-def compute(table: FutureTable, collections: Any, optimize_graph: bool = True) -> Any:
+def compute(
+    table: FutureTable,
+    collections: Any,
+    optimize_graph: bool = True,
+    options: GraphOptions | None = None,
+) -> Any:
     """Futures of the results: one for a collection, a list for a list."""
     from dask._expr import FinalizeCompute
 
@@ -188,7 +242,7 @@ def compute(table: FutureTable, collections: Any, optimize_graph: bool = True) -
             raise RuntimeError(
                 f"expected one result key per collection, got {len(keys)} for {len(found)}"
             )
-        futures = submit_graph(table, expr, keys)
+        futures = submit_graph(table, expr, keys, options)
         by_collection = {id(c): futures[k] for c, k in zip(found, keys, strict=True)}
     else:
         by_collection = {}
@@ -196,7 +250,12 @@ def compute(table: FutureTable, collections: Any, optimize_graph: bool = True) -
     return out[0] if single else out
 
 
-def persist(table: FutureTable, collections: Any, optimize_graph: bool = True, **_: Any) -> Any:
+def persist(
+    table: FutureTable,
+    collections: Any,
+    optimize_graph: bool = True,
+    options: GraphOptions | None = None,
+) -> Any:
     """The same collections, their chunks held by futures on the cluster."""
     from dask._expr import CompositeExpr, _ExprSequence
     from dask.base import _rebuild_composite_collection
@@ -227,7 +286,7 @@ def persist(table: FutureTable, collections: Any, optimize_graph: bool = True, *
         else:
             rebuild, state = item.__dask_postpersist__()
             rebuilds.append((rebuild, flat, state))
-    futures = submit_graph(table, expr, keys)
+    futures = submit_graph(table, expr, keys, options)
     out = []
     for rebuild, item_keys, state in rebuilds:
         if state is None:

@@ -359,7 +359,7 @@ def plan(
                 external.add(to_key(key))
                 done.add(key)
                 continue
-            if _is_existing(node):
+            if _is_existing(key, node):
                 external.add(to_key(node.target))  # type: ignore[attr-defined]
                 done.add(key)
                 continue
@@ -375,14 +375,16 @@ def plan(
     return Plan(order, external)
 
 
-def _is_existing(node: GraphNode) -> bool:
-    """A key standing for a future's result (a persisted collection's chunk, say)."""
-    return isinstance(node, Alias) and to_key(node.target) == to_key(node.key)
+def _is_existing(key: Key, node: GraphNode) -> bool:
+    """Whether graph key ``key`` stands for a future's result (a persisted collection's
+    chunk, say). Compared with the graph's key, not the node's own: an alias collapsed into
+    another key (``_collapse_aliases``) keeps its node, and that key still needs a task."""
+    return isinstance(node, Alias) and to_key(node.target) == to_key(key)
 
 
 def _apportion_key(graph: dict[Key, GraphNode], key: Key) -> str:
     node = graph.get(key)
-    if node is not None and _is_existing(node):
+    if node is not None and _is_existing(key, node):
         return to_key(node.target)  # type: ignore[attr-defined]
     return to_key(key)
 

@@ -30,6 +30,8 @@ from typing import Any
 
 import dask
 
+from apportion.import_hooks import after_import
+
 # The parameters each wrapped function had when its wrapper was written.
 FRAME_INIT_PARAMETERS = ["self", "expr"]
 CULL_PARAMETERS = ["self", "keys"]
@@ -87,7 +89,11 @@ def install() -> None:
         )
     if "cull" not in found:
         _cull_outside_annotations()
-    if "dask.dataframe" in sys.modules and "dataframes" not in found:
+    if "dask.dataframe" not in sys.modules:
+        # Imported later (after the client exists, say): wrapped as soon as it is, so that
+        # its collections keep their annotations whatever the order of the imports.
+        after_import("dask.dataframe", install)
+    elif "dataframes" not in found:
         _bracket_annotated_dataframes()
 
 

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import traceback
 from typing import Any
 
 from apportion.futures import Future, collect_futures, wait
 from apportion.serialize import dumps_value, tokenize
 from apportion.session import Session
+
+logger = logging.getLogger("apportion.client")
 
 
 def identity(value: Any) -> Any:
@@ -82,6 +86,15 @@ class _Held:
     def _done(self, future: Future) -> None:
         with self._lock:
             self._futures.pop(id(future), None)
+        if future.status == "error":
+            # Nobody waits for it: this log line is the only place its failure shows.
+            where = traceback.format_tb(future.traceback()) if future.traceback() else []
+            logger.error(
+                "fire-and-forget task %s failed: %r\n%s",
+                future.key,
+                future.exception(),
+                "".join(where).rstrip(),
+            )
 
 
 _held = _Held()

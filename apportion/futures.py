@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any, NamedTuple
 
 from apportion.errors import CancelledError, TimeoutError
@@ -25,6 +28,22 @@ _NO_CALLBACKS: list[Any] = []  # most futures get no callback
 # held for microseconds: states share a fixed set of locks rather than owning one each
 # (a lock is an object the collector tracks).
 _LOCKS = tuple(threading.Lock() for _ in range(64))
+
+
+# What a wait for unfinished futures does around itself: inside a task, the thread is given
+# back to its worker meanwhile (set by apportion/worker_client.py), so that a task waiting
+# for tasks it submitted cannot hold the very thread they need.
+_blocking_wait: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+
+
+def set_blocking_wait(hook: Callable[[], AbstractContextManager[Any]]) -> None:
+    global _blocking_wait
+    _blocking_wait = hook
+
+
+def blocking_wait() -> AbstractContextManager[Any]:
+    """Wrap a wait for unfinished futures (``Future.result``, ``gather``, ``wait``)."""
+    return _blocking_wait()
 
 
 class FutureState:
@@ -96,6 +115,15 @@ class FutureState:
             if self.has_value():
                 return
             self.status = "pending"
+            self._done = False
+            if self._event is not None:
+                self._event.clear()
+
+    def restart(self) -> None:
+        """It runs again (``Future.retry``): pending, its error forgotten."""
+        with self.lock:
+            self.status = "pending"
+            self.error = None
             self._done = False
             if self._event is not None:
                 self._event.clear()
@@ -198,9 +226,18 @@ class Future:
         self._wait(timeout)
         return None if self._state.status == "finished" else self._exception()
 
-    def traceback(self, timeout: float | None = None) -> str | None:
+    def traceback(self, timeout: float | None = None) -> TracebackType | None:
+        """The traceback of the task's error, as a traceback object of its frames on the
+        worker (``traceback.format_tb`` and debuggers take it); None if it did not fail."""
         self._wait(timeout)
-        return self._state.error[1] if self._state.error else None
+        error = self._state.error
+        if error is None:
+            return None
+        return remote_traceback(error[1])
+
+    def retry(self) -> None:
+        """Run the task again if it failed (and the failed tasks it needs)."""
+        self.client.retry([self])
 
     def cancel(self) -> bool:
         """Cancel the task (and tasks that depend on it); False if it already finished."""
@@ -221,8 +258,11 @@ class Future:
         return self.client.future_table.result_async(self).__await__()
 
     def _wait(self, timeout: float | None) -> None:
-        if not self._state.wait(timeout):
-            raise TimeoutError(f"task {self.key!r} not done after {timeout}s")
+        if self._state.is_done():
+            return
+        with blocking_wait():
+            if not self._state.wait(timeout):
+                raise TimeoutError(f"task {self.key!r} not done after {timeout}s")
 
     def _exception(self) -> BaseException:
         return self._state.exception()
@@ -268,6 +308,50 @@ async def wait_state(state: FutureState) -> None:
     await done
 
 
+def futures_of(obj: Any) -> list[Future]:
+    """The futures in ``obj``: a future, lists, tuples, sets and dicts of them (nested), and
+    Dask collections persisted on the cluster (the futures of their chunks), as Dask's
+    ``futures_of``; each once, in the order found."""
+    found: dict[Future, None] = {}
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Future):
+            found[item] = None
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(reversed(list(item)))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif _is_dask_collection(item):
+            graph = item.__dask_graph__()
+            stack.extend(reversed([v for v in graph.values() if isinstance(v, Future)]))
+    return list(found)
+
+
+def _is_dask_collection(obj: Any) -> bool:
+    # Without importing Dask: a collection is what has a graph method (Dask's own test).
+    return not isinstance(obj, type) and callable(getattr(obj, "__dask_graph__", None))
+
+
+def remote_traceback(text: str) -> TracebackType | None:
+    """A traceback object rebuilt from the text of a traceback on a worker (its last
+    "Traceback (most recent call last):" block: the frames of the error raised)."""
+    import tblib
+
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    try:
+        return tblib.Traceback.from_string(text[start:]).as_traceback()
+    except (ValueError, TypeError):  # not a traceback's text after all
+        return None
+
+
+def states_of(futures: Iterable[Future]) -> list[FutureState]:
+    """The client's states of ``futures`` (shared by every future of a key)."""
+    return [future._state for future in futures]
+
+
 def collect_futures(obj: Any) -> list[Future]:
     """The futures in ``obj`` (a future, or lists, tuples, sets and dicts of them, nested)."""
     out: list[Future] = []
@@ -305,13 +389,24 @@ FIRST_COMPLETED = "FIRST_COMPLETED"
 ALL_COMPLETED = "ALL_COMPLETED"
 
 
-def wait(
-    futures: Iterable[Future], timeout: float | None = None, return_when: str = ALL_COMPLETED
-) -> DoneAndNotDone:
-    """Wait until all (or the first of) ``futures`` are done; raises TimeoutError on timeout."""
-    futures = set(futures)
+def wait(fs: Any, timeout: float | None = None, return_when: str = ALL_COMPLETED) -> DoneAndNotDone:
+    """Wait until all (or the first of) the futures in ``fs`` are done: a future, a list
+    (or other container) of futures, persisted Dask collections, or a mix (see
+    ``futures_of``); raises TimeoutError on timeout."""
+    if return_when not in (ALL_COMPLETED, FIRST_COMPLETED):
+        raise ValueError(
+            f"return_when must be {ALL_COMPLETED!r} or {FIRST_COMPLETED!r}, got {return_when!r}"
+        )
+    futures = set(futures_of(fs))
+    if all(f.done() for f in futures):
+        return DoneAndNotDone(futures, set())
+    with blocking_wait():
+        return _wait(futures, timeout, return_when)
+
+
+def _wait(futures: set[Future], timeout: float | None, return_when: str) -> DoneAndNotDone:
     deadline = None if timeout is None else time.monotonic() + timeout
-    if return_when == FIRST_COMPLETED:
+    if return_when == FIRST_COMPLETED and futures:
         signal = threading.Event()
         for future in futures:
             future._state.add_callback(signal.set)
@@ -349,6 +444,34 @@ class as_completed(Iterator[Any]):
         with self._lock:
             self._pending += 1
         future._state.add_callback(lambda: self._done(future))
+
+    def update(self, futures: Iterable[Future]) -> None:
+        """Add several futures."""
+        for future in futures:
+            self.add(future)
+
+    def has_ready(self) -> bool:
+        """Whether a finished future is waiting to be taken."""
+        return not self._queue.empty()
+
+    def is_empty(self) -> bool:
+        """Whether every future added was taken."""
+        return self.count() == 0
+
+    def next_batch(self, block: bool = True) -> list[Any]:
+        """Every finished future not taken yet (waiting for at least one if ``block`` and
+        any is left); pairs with their results under ``with_results``."""
+        batch: list[Any] = []
+        if block and not self.is_empty() and not self.has_ready():
+            batch.append(next(self))
+        while self.has_ready():
+            batch.append(next(self))
+        return batch
+
+    def batches(self) -> Iterator[list[Any]]:
+        """Iterate over lists of futures: each time, all those finished since the last."""
+        while not self.is_empty():
+            yield self.next_batch(block=True)
 
     def _done(self, future: Future) -> None:
         self._queue.put(future)

@@ -9,7 +9,7 @@ its dependents, so a result lost with its worker can still be recomputed after a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from apportion.futures import FutureState
@@ -33,19 +33,8 @@ def re_registration(states: Iterable[FutureState]) -> tuple[list[Message], list[
         if root.key in seen:
             continue
         seen.add(root.key)
-        # Depth first, iteratively (chains may be long): a state is emitted on its second
-        # visit, once its dependencies have been.
-        stack: list[tuple[FutureState, bool]] = [(root, False)]
-        while stack:
-            state, expanded = stack.pop()
-            if expanded:
-                specs.append(state.spec)  # type: ignore[arg-type]  # checked on the way in
-                continue
-            stack.append((state, True))
-            for dep in reversed(state.deps):
-                if dep.key not in seen and dep.spec is not None:
-                    seen.add(dep.key)
-                    stack.append((dep, False))
+        for state in _dependencies_first(root, seen, lambda dep: dep.spec is not None):
+            specs.append(state.spec)  # type: ignore[arg-type]  # checked on the way in
     lineage_only = [spec["key"] for spec in specs if spec["key"] not in wanted]
     return specs, lineage_only
 
@@ -66,3 +55,37 @@ def attach(states: dict[str, FutureState], specs: list[Message]) -> None:
             found = (nodes.get(dep) or states.get(dep) for dep in deps)
             state.deps = [dep for dep in found if dep is not None]
         nodes[key] = state
+
+
+def failed(states: Iterable[FutureState]) -> list[FutureState]:
+    """The failed tasks to run again for ``states`` (``Future.retry``): each failed one with
+    its lineage, and the failed tasks it was computed from, dependencies first."""
+    out: list[FutureState] = []
+    seen: set[str] = set()
+    for root in states:
+        if root.status != "error" or root.spec is None or root.key in seen:
+            continue
+        seen.add(root.key)
+        out.extend(
+            _dependencies_first(root, seen, lambda d: d.status == "error" and d.spec is not None)
+        )
+    return out
+
+
+def _dependencies_first(
+    root: FutureState, seen: set[str], follow: Callable[[FutureState], bool]
+) -> Iterator[FutureState]:
+    """``root`` and the dependencies ``follow`` accepts that are not in ``seen`` (added to
+    it), each after its own dependencies. Iterative (chains may be long): a state is given
+    on its second visit, once its dependencies have been."""
+    stack: list[tuple[FutureState, bool]] = [(root, False)]
+    while stack:
+        state, expanded = stack.pop()
+        if expanded:
+            yield state
+            continue
+        stack.append((state, True))
+        for dep in reversed(state.deps):
+            if dep.key not in seen and follow(dep):
+                seen.add(dep.key)
+                stack.append((dep, False))

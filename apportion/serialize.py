@@ -247,6 +247,25 @@ def loads_args(data: Payload, resolve: Callable[[str], Any]) -> tuple[tuple, dic
     return _ArgsUnpickler(io.BytesIO(data), resolve, []).load()
 
 
+def dumps_with_references(value: Any, reference_type: type) -> tuple[bytes, list[str]]:
+    """Pickle one value into bytes (buffers in band), each ``reference_type`` object inside
+    (a future) written as a reference to its key; returns the pickle and those keys."""
+    buffer = io.BytesIO()
+    pickler = _ArgsPickler(buffer, reference_type, None)
+    try:
+        pickler.dump(value)
+    except Exception as exc:
+        raise SerializationError(
+            f"cannot serialize value of type {type(value).__name__}: {exc}"
+        ) from exc
+    return buffer.getvalue(), list(pickler.dependencies)
+
+
+def loads_with_references(data: bytes, resolve: Callable[[str], Any]) -> Any:
+    """A value of ``dumps_with_references``, each reference replaced by ``resolve(key)``."""
+    return _ArgsUnpickler(io.BytesIO(data), resolve, []).load()
+
+
 def dumps_value(value: Any) -> bytes:
     """Pickle a value into one bytes object (buffers in band: for small values, errors,
     and what is hashed)."""

@@ -29,6 +29,8 @@ from contextlib import contextmanager
 
 from apportion.client import Client
 from apportion.core import task_host
+from apportion.core.context import current_task_key
+from apportion.futures import set_blocking_wait
 
 _clients: dict[str, Client] = {}
 _clients_lock = threading.Lock()
@@ -58,15 +60,41 @@ def close_clients() -> None:
 task_host.on_close_clients(close_clients)
 
 
+# Whether this task thread is seceded (by secede(), worker_client(), or a wait below).
+_thread = threading.local()
+
+
 def secede(release_resources: bool = False) -> None:
     """Give this task's thread back to the worker (another task may start in its place);
     with ``release_resources`` its resources too, until ``rejoin()``."""
     task_host.task_host().secede(release_resources)
+    _thread.seceded = True
 
 
 def rejoin() -> None:
     """Take a thread again (and released resources), waiting until they are free."""
     task_host.task_host().rejoin()
+    _thread.seceded = False
+
+
+@contextmanager
+def _seceded_while_waiting() -> Iterator[None]:
+    """A task waiting for futures (``future.result()``, ``client.gather``, ``wait``) gives
+    its thread back meanwhile, as if it had seceded, and takes one again after: a task that
+    gathers what it submitted (``get_client()`` without ``secede()``, as Dask's examples
+    do) cannot hold the thread its subtasks need. Outside tasks, or seceded already, it
+    changes nothing."""
+    if current_task_key() is None or getattr(_thread, "seceded", False):
+        yield
+        return
+    secede()
+    try:
+        yield
+    finally:
+        rejoin()
+
+
+set_blocking_wait(_seceded_while_waiting)
 
 
 @contextmanager

@@ -11,6 +11,15 @@ Leases (locks and semaphores) belong to the client that took them: when that cli
 disconnects they are released, so a crashed holder never blocks the others for good.
 After a scheduler restart, reconnecting clients restore the leases they hold and the
 events they set (``lease-restore``, ``event-set``); variables and queues start empty.
+
+A value may hold futures (``Variable("v").set(future)``, a queue of futures, a published
+dataset): its message names their keys, and the results stay on the cluster while a
+variable, queue or dataset holds them (``hold``), and are held for the client that takes
+the value before it is answered, so that nothing is forgotten between the two (``hold``
+with that client; the client releases them as it drops its futures).
+
+Published datasets (``Client.publish_dataset``) are named values of their own, kept apart
+from variables: publishing a name that exists is refused unless asked to override.
 """
 
 from __future__ import annotations
@@ -22,6 +31,25 @@ from typing import Any
 
 Message = dict[str, Any]
 Send = Callable[[str, Message], None]
+# hold(wanter, keys) / release(wanter, keys): keep results on the cluster for a wanter.
+Hold = Callable[[str, list[str]], None]
+# The wanter of the results held by variables, queues and datasets (counted here per key).
+HOLDER = "coordination"
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A value as the client pickled it, and the keys of the futures inside."""
+
+    data: Any
+    keys: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, message: Message) -> _Value:
+        keys = message.get("keys") or ()
+        if not isinstance(keys, (list, tuple)) or not all(type(k) is str for k in keys):
+            raise CoordinationError(f"'keys' must be a list of keys, got {keys!r}")
+        return cls(message["value"], tuple(keys))
 
 
 @dataclass
@@ -47,11 +75,20 @@ class CoordinationError(ValueError):
     """A request that cannot be done (wrong kind of name, bad limit): answered as an error."""
 
 
+def _ignore(wanter: str, keys: list[str]) -> None:
+    pass
+
+
 class Coordination:
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, hold: Hold = _ignore, release: Hold = _ignore) -> None:
         self._send = send
-        self.variables: dict[str, bytes] = {}
-        self.queues: dict[str, deque[bytes]] = {}
+        self._hold = hold
+        self._release = release
+        # How many held values hold each key (HOLDER wants it while above zero).
+        self.held: dict[str, int] = {}
+        self.variables: dict[str, _Value] = {}
+        self.queues: dict[str, deque[_Value]] = {}
+        self.datasets: dict[str, _Value] = {}
         self.events: set[str] = set()
         self.semaphores: dict[str, _Semaphore] = {}
         # Parked requests by name (variables, queues, events), and by (client, id).
@@ -80,30 +117,99 @@ class Coordination:
                 self._grant_leases(name, sem)
             sem.waiting = deque(w for w in sem.waiting if w.client != client)
 
+    # ---------------------------------------------------------- held results
+    def _keep(self, value: _Value) -> _Value:
+        new = [k for k in value.keys if k not in self.held]
+        for key in value.keys:
+            self.held[key] = self.held.get(key, 0) + 1
+        if new:
+            self._hold(HOLDER, new)
+        return value
+
+    def _drop(self, value: _Value | None) -> None:
+        if value is None or not value.keys:
+            return
+        gone = []
+        for key in value.keys:
+            count = self.held.get(key, 0) - 1
+            if count > 0:
+                self.held[key] = count
+            else:
+                self.held.pop(key, None)
+                gone.append(key)
+        if gone:
+            self._release(HOLDER, gone)
+
+    def _answer(self, client: str, request_id: int, value: _Value) -> None:
+        """Reply with a value; its results are held for ``client`` first."""
+        if value.keys:
+            self._hold(client, list(value.keys))
+            self._reply(client, request_id, value=value.data, keys=list(value.keys))
+        else:
+            self._reply(client, request_id, value=value.data)
+
     # --------------------------------------------------------------- variables
     def _on_variable_set(self, w: _Waiter) -> None:
         name = _name(w.message)
-        self.variables[name] = w.message["value"]
+        value = self._keep(_Value.of(w.message))
+        self._drop(self.variables.get(name))
+        self.variables[name] = value
         self._reply(w.client, w.request_id)
         for waiter in self._take_waiters("variable", name):
-            self._reply(waiter.client, waiter.request_id, value=self.variables[name])
+            self._answer(waiter.client, waiter.request_id, value)
 
     def _on_variable_get(self, w: _Waiter) -> None:
         name = _name(w.message)
         if name in self.variables:
-            self._reply(w.client, w.request_id, value=self.variables[name])
+            self._answer(w.client, w.request_id, self.variables[name])
         else:
             self._park("variable", name, w)
 
     def _on_variable_delete(self, w: _Waiter) -> None:
-        self.variables.pop(_name(w.message), None)
+        self._drop(self.variables.pop(_name(w.message), None))
         self._reply(w.client, w.request_id)
+
+    # ---------------------------------------------------------------- datasets
+    def _on_dataset_publish(self, w: _Waiter) -> None:
+        name = _name(w.message)
+        if name in self.datasets and not w.message.get("override"):
+            raise CoordinationError(
+                f"a dataset named {name!r} is already published: unpublish it first, or "
+                "publish with override=True"
+            )
+        value = self._keep(_Value.of(w.message))
+        self._drop(self.datasets.get(name))
+        self.datasets[name] = value
+        self._reply(w.client, w.request_id)
+        for waiter in self._take_waiters("dataset", name):
+            self._answer(waiter.client, waiter.request_id, value)
+
+    def _on_dataset_get(self, w: _Waiter) -> None:
+        """The dataset; a missing one is answered ``found: False`` at once, unless the
+        request asks to wait for it (``wait``: Dask's ``get_dataset(name, timeout=...)``)."""
+        name = _name(w.message)
+        if name in self.datasets:
+            self._answer(w.client, w.request_id, self.datasets[name])
+        elif w.message.get("wait"):
+            self._park("dataset", name, w)
+        else:
+            self._reply(w.client, w.request_id, found=False)
+
+    def _on_dataset_delete(self, w: _Waiter) -> None:
+        name = _name(w.message)
+        if name not in self.datasets:
+            raise CoordinationError(f"no dataset named {name!r} is published")
+        self._drop(self.datasets.pop(name))
+        self._reply(w.client, w.request_id)
+
+    def _on_dataset_list(self, w: _Waiter) -> None:
+        self._reply(w.client, w.request_id, names=sorted(self.datasets))
 
     # ------------------------------------------------------------------ queues
     def _on_queue_put(self, w: _Waiter) -> None:
         name = _name(w.message)
         queue = self.queues.setdefault(name, deque())
-        queue.append(w.message["value"])
+        queue.append(self._keep(_Value.of(w.message)))
         self._reply(w.client, w.request_id)
         self._serve_queue(name)
 
@@ -114,11 +220,25 @@ class Coordination:
             items = list(queue or ())
             if queue:
                 queue.clear()
-            self._reply(w.client, w.request_id, values=items)
+            keys = [k for item in items for k in item.keys]
+            if keys:
+                self._hold(w.client, keys)
+            self._reply(
+                w.client,
+                w.request_id,
+                values=[i.data for i in items],
+                keys=[list(i.keys) for i in items],
+            )
+            for item in items:
+                self._drop(item)
         elif queue:
-            self._reply(w.client, w.request_id, value=queue.popleft())
+            self._take_item(w.client, w.request_id, queue.popleft())
         else:
             self._park("queue", name, w)
+
+    def _take_item(self, client: str, request_id: int, item: _Value) -> None:
+        self._answer(client, request_id, item)
+        self._drop(item)
 
     def _on_queue_size(self, w: _Waiter) -> None:
         self._reply(w.client, w.request_id, size=len(self.queues.get(_name(w.message), ())))
@@ -129,7 +249,7 @@ class Coordination:
         while queue and waiters:
             waiter = waiters.popleft()
             del self.parked[(waiter.client, waiter.request_id)]
-            self._reply(waiter.client, waiter.request_id, value=queue.popleft())
+            self._take_item(waiter.client, waiter.request_id, queue.popleft())
         if waiters is not None and not waiters:
             del self.waiting[("queue", name)]
 

@@ -4,6 +4,9 @@ Rule: a task needing demand D may go to worker W only if ``total(W) >= D`` and
 is assigned only when ``free(W) >= D`` and W has a free slot. Among those,
 prefer the worker holding most bytes of the task's dependencies, else an idle
 one (the scheduler offers the most recently idle first), else the least loaded one.
+Data locality wins only where it saves more than it costs: a holder whose threads are
+all busy (it would take the task into a prefetch slot, to wait there) is preferred to an
+idle worker only for dependencies of ``LOCALITY_BYTES`` or more; smaller ones move.
 
 Reservations: a task with resources that cannot start anywhere reserves one worker
 (``pick_reservation``), so smaller demands cannot keep refilling the units it waits for.
@@ -38,6 +41,12 @@ if TYPE_CHECKING:
     from apportion.scheduler.model import TaskState, WorkerState
 
 
+# Dependency bytes worth waiting for a busy holder rather than moving them to a worker
+# that can start at once: below this, copying them (shared memory on one host, some
+# milliseconds a megabyte over a network) costs less than the queue behind a running task.
+LOCALITY_BYTES = 16 * 2**20
+
+
 def can_start(ws: WorkerState, shape: Shape) -> bool:
     return len(ws.processing) < ws.slots and fits(shape, ws.free)
 
@@ -66,8 +75,12 @@ def pick_worker(
         for holder, held in scores.items():
             if held > best_bytes and holder in fitting and can_start(holder, ts.shape):
                 best, best_bytes = holder, held
-        if best is not None:
+        if best is not None and (
+            len(best.processing) < best.nthreads or best_bytes >= LOCALITY_BYTES
+        ):
             return best
+        # The holder would only queue it: a worker that can start it now is better, and the
+        # holder stays in the running below (least loaded) if there is none.
     for ws in idle:
         if ws in fitting and fits(ts.shape, ws.free):
             return ws

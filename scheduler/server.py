@@ -54,7 +54,9 @@ class Scheduler:
         self.http_port = http_port
         self.state = SchedulerState()
         self.secession = Secession(self.state)
-        self.coordination = Coordination(self.state.send)
+        self.coordination = Coordination(
+            self.state.send, hold=self._hold_results, release=self.state.handle_release
+        )
         # client.upload_file: a run message per file, for workers that join later.
         self.uploads: dict[str, Message] = {}
         self.listener = Listener(self._serve, token, roles=("client", "worker"))
@@ -311,6 +313,27 @@ class Scheduler:
             else:
                 # Clients hear of results read from several workers: one frame per tick.
                 comm.send_many(messages)
+
+    # Dask's names, for code run on the scheduler (``client.run_on_scheduler(lambda
+    # dask_scheduler: len(dask_scheduler.workers))``): the state's records, read only.
+    @property
+    def workers(self) -> dict[str, Any]:
+        """The connected workers by address (name, nthreads, total, used resources, ...)."""
+        return self.state.workers
+
+    @property
+    def tasks(self) -> dict[str, Any]:
+        """The tasks the scheduler knows, by key (state, who_has, ...)."""
+        return self.state.tasks
+
+    def _hold_results(self, wanter: str, keys: list[str]) -> None:
+        """Keep results on the cluster for ``wanter`` (a client, or the coordination
+        primitives holding futures), as a submission of their keys would: the scheduler
+        knows each task already, so only the wanter is added."""
+        tasks = self.state.tasks
+        held = [k for k in keys if k in tasks and tasks[k].func]
+        if held:
+            self.state.handle_submit(wanter, [{"key": k, "func": b"", "args": b""} for k in held])
 
     def _close_retired(self, client: str, messages: list[Message]) -> None:
         """Tell the workers a client retired (with ``close``) to close: they are empty."""

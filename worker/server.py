@@ -55,6 +55,13 @@ from apportion.serialize import (
 
 logger = logging.getLogger("apportion.worker")
 
+# Tasks are unpickled one at a time in this process: unpickling imports the modules a task
+# names, and task threads importing a package at once (dask.dataframe, whose modules import
+# each other) fail with a partially initialized module or Python's import deadlock error.
+# Dask does the same by deserializing on one thread. Re-entrant: an object being unpickled
+# may unpickle another.
+_unpickling = threading.RLock()
+
 # What a task thread hands back: (ok, value, pickled value or exception, traceback).
 Outcome = tuple[bool, Any, Payload, str]
 
@@ -633,8 +640,10 @@ class Worker:
         """Call a pickled function with its arguments, ``get_worker()`` answering meanwhile."""
         set_current(self._worker_info(task))
         try:
-            call_args, kwargs = loads_args(args, self._resolve)
-            return self.functions.loads(func)(*call_args, **kwargs)
+            with _unpickling:
+                call_args, kwargs = loads_args(args, self._resolve)
+                function = self.functions.loads(func)
+            return function(*call_args, **kwargs)
         finally:
             set_current(None)
 

@@ -206,7 +206,8 @@ _CORE_FILES = {
 }  # fmt: skip
 _CLIENT_FILES = {
     "session", "future_table", "client", "async_client", "futures", "cluster_ops",
-    "coordination", "data", "default_client", "lineage", "worker_client", "progress", "reprs",
+    "coordination", "data", "datasets", "default_client", "lineage", "worker_client", "progress",
+    "reprs", "import_hooks", "joblib_backend", "actors", "actor_host",
     "performance_report", "stored_args", "local", "cluster_base", "kubernetes", "port_forward",
     "process",
     # the client's reconnection to a restarted scheduler

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 from apportion.scheduler.model import TaskState, WorkerState
-from apportion.scheduler.placement import ReadyQueues, can_start, explain_no_worker, pick_worker
+from apportion.scheduler.placement import (
+    LOCALITY_BYTES,
+    ReadyQueues,
+    can_start,
+    explain_no_worker,
+    pick_worker,
+)
 
 from apportion.resources import to_shape
 
@@ -195,3 +201,44 @@ def test_pick_worker_prefers_least_loaded_fitting_worker() -> None:
     assert pick_worker(ts, {busy, idle}, [busy, idle, unfit]) is idle
     assert pick_worker(ts, {busy}, [busy, idle]) is busy
     assert pick_worker(ts, set(), [busy, idle]) is None
+
+
+def _holding(ts: TaskState, holder: WorkerState, nbytes: int) -> None:
+    dep = queued(f"dep-of-{ts.key}")
+    dep.nbytes = nbytes
+    dep.who_has = frozenset({holder})
+    ts.dependencies = [dep]
+
+
+def test_an_idle_worker_beats_a_busy_holder_of_small_dependencies() -> None:
+    # Every Dask task depends on its graph's chunk task: two independent tasks must not
+    # queue on the one worker holding that small chunk while others stand idle.
+    holder = WorkerState("holder", "holder", 1, {}, prefetch=1)
+    holder.processing[1] = queued("running")
+    idle = worker("idle")
+    ts = queued("t")
+    _holding(ts, holder, 1000)
+    assert can_start(holder, ts.shape)  # it has a prefetch slot
+    assert pick_worker(ts, {holder, idle}, [holder, idle], idle=[idle]) is idle
+    assert pick_worker(ts, {holder, idle}, [holder, idle]) is idle
+
+
+def test_a_holder_with_a_free_thread_or_large_dependencies_keeps_the_task() -> None:
+    holder = WorkerState("holder", "holder", 2, {}, prefetch=1)
+    holder.processing[1] = queued("running")
+    idle = worker("idle")
+    ts = queued("t")
+    _holding(ts, holder, 1000)
+    assert pick_worker(ts, {holder, idle}, [holder, idle], idle=[idle]) is holder
+    holder.processing[2] = queued("running-too")  # both threads busy now
+    _holding(ts, holder, LOCALITY_BYTES)
+    assert pick_worker(ts, {holder, idle}, [holder, idle], idle=[idle]) is holder
+
+
+def test_a_busy_holder_is_still_chosen_when_no_other_worker_fits() -> None:
+    holder = WorkerState("holder", "holder", 1, {"GPU": 1}, prefetch=1)
+    holder.processing[1] = queued("running")
+    other = worker("other")
+    ts = queued("t", {"GPU": 1})
+    _holding(ts, holder, 1000)
+    assert pick_worker(ts, {holder}, [holder, other], idle=[other]) is holder
