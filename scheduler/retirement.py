@@ -194,10 +194,10 @@ class RetirementMixin:
         """Give up retiring ``ws``: it is back in service, and its requests say why."""
         self._settle(ws, reason)
         ws.retiring = False
-        ws.slots = ws.max_slots
+        ws.slots = 0 if ws.paused else ws.max_slots  # paused for memory: not yet
         if len(ws.processing) < ws.slots:
             self.with_slots[ws] = None
-        if not ws.processing:
+        if not ws.processing and ws.slots:
             self.idle[ws] = None
         logger.warning("worker %s stays in service: %s", ws.name, reason)
         self._fill(ws)
