@@ -237,7 +237,7 @@ class RetirementMixin:
         for ws in self.workers.values():
             if ws.retiring and (ws.slots or ws in self.with_slots):
                 problems.append(f"{ws.name}: retiring yet open for work")
-            elif not ws.retiring and ws.slots != ws.max_slots:
+            elif not ws.retiring and not ws.paused and ws.slots != ws.max_slots:
                 problems.append(f"{ws.name}: in service with {ws.slots} of {ws.max_slots} slots")
         waited = {ws for r in self.retirements for ws in r.waiting}
         if waited != set(self.awaiting):
