@@ -5,9 +5,11 @@ be, whose values may live on disk. The least recently used values are written to
 (``evict``) when the memory manager asks (worker/memory.py), and read back on first use,
 transparently: a reader gets the value either way.
 
-A spilled value is pickled with protocol 5: its large buffers (numpy arrays, bytes) go
-out of band, written to the file straight from their own memory (no copy into one
-pickle), and are read back into one new buffer the rebuilt value's arrays are views of.
+A spilled value is pickled (cloudpickle, as results may be of classes made at run time)
+with protocol 5: the buffers of numpy arrays (and bytearrays) go out of band, written to
+the file straight from their own memory (no copy into one pickle), and are read back into
+one new buffer the rebuilt value's arrays are views of. (A ``bytes`` result is copied into
+its pickle: Python pickles bytes in band.)
 A file is removed when its key is released or read back. Each worker spills into a
 directory of its own, named after its process and removed when it stops; directories
 left by workers that died are removed by the next worker to start on the host.
@@ -26,6 +28,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import cloudpickle
 
 logger = logging.getLogger("apportion.worker")
 
@@ -68,6 +72,8 @@ class SpillBuffer(MutableMapping[str, Any]):
         self.weights: dict[str, int] = {}
         self.fast_bytes = 0
         self.slow: dict[str, Spilled] = {}
+        # Held in memory for good: they do not pickle (not tried again, nor logged again).
+        self.unspillable: set[str] = set()
         self._made = False
         # Since the start: values written out, read back, and their bytes.
         self.spilled_count = 0
@@ -127,17 +133,19 @@ class SpillBuffer(MutableMapping[str, Any]):
             for key in list(self.fast):
                 if freed >= nbytes:
                     break
-                freed += self._spill(key)
+                if key not in self.unspillable:
+                    freed += self._spill(key)
         return freed
 
     def _spill(self, key: str) -> int:
         value = self.fast[key]
         buffers: list[pickle.PickleBuffer] = []
         try:
-            header = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+            # cloudpickle: results may be of classes defined in __main__, as task results are.
+            header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
         except Exception as exc:
             logger.warning("result %s cannot be spilled (kept in memory): %r", key, exc)
-            self.fast.move_to_end(key)  # not tried again before the others
+            self.unspillable.add(key)
             return 0
         path = self._path_for(key)
         views = [buffer.raw() for buffer in buffers]
@@ -185,6 +193,7 @@ class SpillBuffer(MutableMapping[str, Any]):
         if key in self.fast:
             del self.fast[key]
             self.fast_bytes -= self.weights.pop(key)
+        self.unspillable.discard(key)
         spilled = self.slow.pop(key, None)
         if spilled is not None:
             _remove(spilled.path)
@@ -203,6 +212,7 @@ class SpillBuffer(MutableMapping[str, Any]):
             self.weights.clear()
             self.fast_bytes = 0
             self.slow.clear()
+            self.unspillable.clear()
             shutil.rmtree(self.directory, ignore_errors=True)
 
 

@@ -6,6 +6,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -120,12 +121,27 @@ def test_a_released_result_frees_its_file(tmp_path: Path) -> None:
         del store["x"]
 
 
-def test_a_result_that_does_not_pickle_stays_in_memory(tmp_path: Path) -> None:
+def test_a_result_that_does_not_pickle_stays_in_memory_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store = SpillBuffer(tmp_path / "spill")
-    store["lock"] = __import__("threading").Lock()
+    store["lock"] = threading.Lock()
     store["data"] = b"d" * 1000
     store.evict(10**9)
+    store.evict(10**9)
     assert "lock" in store.fast and "data" in store.slow
+    assert len([r for r in caplog.records if "cannot be spilled" in r.message]) == 1
+
+
+def test_results_of_classes_made_at_run_time_spill_too(tmp_path: Path) -> None:
+    class Point:  # not importable by name: only cloudpickle writes it
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+    store = SpillBuffer(tmp_path / "spill")
+    store["p"] = Point(3)
+    store.evict(10**9)
+    assert "p" in store.slow and store["p"].x == 3
 
 
 def test_close_removes_the_directory(tmp_path: Path) -> None:
