@@ -85,3 +85,15 @@ def test_metrics_show_memory_spilling_and_pausing() -> None:
     assert m[("apportion_worker_spilled_total", (("direction", "out"), ("worker", "w")))] == 3
     out = (("direction", "out"), ("worker", "w"))
     assert m[("apportion_worker_spilled_bytes_total", out)] == 400
+
+
+def test_the_dashboard_shows_a_paused_worker_and_its_memory() -> None:
+    from apportion.scheduler import dashboard
+
+    sim = Sim()
+    sim.add_worker("w")
+    sim.state.handle_heartbeat("w", {"limit": 2**30, "rss": 2**29, "spilled_bytes": 3 * 2**20})
+    pause(sim, "w")
+    html = dashboard.render_sections(dashboard.view(sim.state, sim.state.events, "x"))["workers"]
+    assert "paused for memory" in html
+    assert "memory 512.00 MiB of 1.00 GiB · 3.00 MiB spilled" in html
