@@ -66,7 +66,7 @@ class SpillBuffer(MutableMapping[str, Any]):
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         # In memory, least recently used first; with each one's weight.
         self.fast: OrderedDict[str, Any] = OrderedDict()
         self.weights: dict[str, int] = {}
@@ -83,10 +83,16 @@ class SpillBuffer(MutableMapping[str, Any]):
 
     # ------------------------------------------------------------ the mapping
     def __getitem__(self, key: str) -> Any:
+        fast = self.fast
+        if key in fast:  # without the lock: each step is atomic, and an eviction meanwhile
+            try:  # leaves the value in slow, read below
+                fast.move_to_end(key)
+                return fast[key]
+            except KeyError:
+                pass
         with self._lock:
-            if key in self.fast:
-                self.fast.move_to_end(key)
-                return self.fast[key]
+            if key in fast:
+                return fast[key]
             spilled = self.slow[key]  # KeyError: not held
             value = self._read(spilled)
             # Read back: in memory again, the most recently used (the file goes).

@@ -673,7 +673,8 @@ class WorkerState:
                 self._forget(key)
 
     def _forget(self, key: str) -> None:
-        self.data.pop(key, None)
+        if key in self.data:  # (not pop: that would read a spilled result back first)
+            del self.data[key]
         self.nbytes.pop(key, None)
 
     # ------------------------------------------------------------ introspection

@@ -191,3 +191,14 @@ def test_paused_no_ready_task_starts_until_resumed() -> None:
     assert resumed[0].message == {"op": "worker-status", "status": "running"}  # type: ignore[union-attr]
     assert [type(i).__name__ for i in resumed[1:]] == ["Execute"]
     assert not state.check_invariants()
+
+
+def test_a_spilled_result_freed_by_the_scheduler_is_not_read_back(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    state = WorkerState(1, {}, "w", data=store)
+    (execute,) = state.compute({"key": "k", "run_id": 1, "func": b"", "args": b""})
+    state.report_run(execute.task, True, np.ones(1000), b"x" * 8000)
+    state.free_run(execute.task)
+    store.evict(10**9)
+    state.free_keys(["k"])
+    assert store.unspilled_count == 0 and len(store) == 0
