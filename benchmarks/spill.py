@@ -7,7 +7,8 @@ Two worker processes (one thread each) limited to ``--limit`` persist ``--chunks
 of ``--chunk-mb`` MB (64 x 64 MB = 4 GiB against 2 x 1 GiB by default), then sum each
 chunk, ``--reads`` times (every pass reads spilled chunks back). Each system runs in a
 fresh process; printed per system: seconds to persist, seconds for the sums, the peak
-resident memory of each worker process (VmHWM) against its limit, and the bytes spilled.
+resident memory of each worker process (VmHWM) against its limit, and the bytes on
+disk at the end (and, for apportion, all it wrote).
 ``make bench-spill`` runs it with the benchmark environment.
 """
 
@@ -50,7 +51,10 @@ def dask_spilled(dask_worker: Any) -> int:
     return int(getattr(spilled, "disk", 0) or 0)
 
 
-def _workload(submit: Any, wait: Any, chunks: int, nbytes: int, reads: int) -> dict[str, float]:
+def _workload(
+    submit: Any, wait: Any, chunks: int, nbytes: int, reads: int
+) -> tuple[dict[str, float], list[Any]]:
+    """Times, and the persisted futures (held until the caller has measured)."""
     start = time.perf_counter()
     futures = [submit(make_chunk, i, nbytes) for i in range(chunks)]
     wait(futures)  # persisted, on the workers (no chunk comes to the client)
@@ -58,7 +62,7 @@ def _workload(submit: Any, wait: Any, chunks: int, nbytes: int, reads: int) -> d
     for read in range(reads):
         got = [s.result() for s in [submit(total, future, read) for future in futures]]
         assert got == [nbytes * (i % 251) for i in range(chunks)], "wrong sums"
-    return {"persist_s": persisted - start, "sums_s": time.perf_counter() - persisted}
+    return {"persist_s": persisted - start, "sums_s": time.perf_counter() - persisted}, futures
 
 
 def _run_apportion(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any]:
@@ -69,12 +73,14 @@ def _run_apportion(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str
         LocalCluster(n_workers=2, threads_per_worker=1) as cluster,
         Client(cluster) as client,
     ):
-        timing = _workload(client.submit, wait, chunks, nbytes, reads)
+        timing, futures = _workload(client.submit, wait, chunks, nbytes, reads)
         peaks = client.run(peak_rss)
         time.sleep(1.5)  # the next heartbeat carries the spill counts
-        info = client.scheduler_info()["workers"].values()
-        spilled = sum(w["memory"].get("spilled_total", 0) for w in info)
-    return {**timing, "peaks": sorted(peaks.values()), "spilled": spilled}
+        info = [w["memory"] for w in client.scheduler_info()["workers"].values()]
+        on_disk = sum(m.get("spilled_bytes", 0) for m in info)
+        written = sum(m.get("spilled_total", 0) for m in info)
+        del futures
+    return {**timing, "peaks": sorted(peaks.values()), "spilled": on_disk, "written": written}
 
 
 def _run_dask(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any]:
@@ -86,9 +92,10 @@ def _run_dask(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any
         ) as cluster,
         Client(cluster) as client,
     ):
-        timing = _workload(client.submit, wait, chunks, nbytes, reads)
+        timing, futures = _workload(client.submit, wait, chunks, nbytes, reads)
         peaks = client.run(peak_rss)
         spilled = sum(client.run(dask_spilled).values())
+        del futures
     return {**timing, "peaks": sorted(peaks.values()), "spilled": spilled}
 
 
@@ -134,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{system:>10}: persist {result['persist_s']:.1f} s, sums {result['sums_s']:.1f} s, "
             f"worker peaks {[round(p / 2**20) for p in result['peaks']]} MiB "
-            f"({worst:.0%} of the limit), spilled {result['spilled'] / 2**30:.2f} GiB"
+            f"({worst:.0%} of the limit), on disk at the end {result['spilled'] / 2**30:.2f} GiB"
+            + (f", written {result['written'] / 2**30:.2f} GiB" if "written" in result else "")
         )
     return 0
 

@@ -10,7 +10,8 @@ with protocol 5: the buffers of numpy arrays (and bytearrays) go out of band, wr
 the file straight from their own memory (no copy into one pickle), and are read back into
 one new buffer the rebuilt value's arrays are views of. (A ``bytes`` result is copied into
 its pickle: Python pickles bytes in band.)
-A file is removed when its key is released or read back. Each worker spills into a
+A file is removed when its key is released; a value read back keeps its file (results are
+not changed in place), so that evicting it again costs no write. Each worker spills into a
 directory of its own, named after its process and removed when it stops; directories
 left by workers that died are removed by the next worker to start on the host.
 """
@@ -72,6 +73,9 @@ class SpillBuffer(MutableMapping[str, Any]):
         self.weights: dict[str, int] = {}
         self.fast_bytes = 0
         self.slow: dict[str, Spilled] = {}
+        # The files of values read back and in memory again: still right (results are not
+        # changed in place), so evicting such a value again writes nothing.
+        self.copies: dict[str, Spilled] = {}
         # Held in memory for good: they do not pickle (not tried again, nor logged again).
         self.unspillable: set[str] = set()
         self._made = False
@@ -95,9 +99,9 @@ class SpillBuffer(MutableMapping[str, Any]):
                 return fast[key]
             spilled = self.slow[key]  # KeyError: not held
             value = self._read(spilled)
-            # Read back: in memory again, the most recently used (the file goes).
+            # Read back: in memory again, the most recently used; its file is kept.
             del self.slow[key]
-            _remove(spilled.path)
+            self.copies[key] = spilled
             self._keep(key, value)
             self.unspilled_count += 1
             self.unspilled_total += spilled.nbytes
@@ -144,6 +148,9 @@ class SpillBuffer(MutableMapping[str, Any]):
         return freed
 
     def _spill(self, key: str) -> int:
+        copy = self.copies.pop(key, None)
+        if copy is not None:  # on disk already: only dropped from memory
+            return self._to_disk(key, copy)
         value = self.fast[key]
         buffers: list[pickle.PickleBuffer] = []
         try:
@@ -165,12 +172,16 @@ class SpillBuffer(MutableMapping[str, Any]):
             _remove(str(path))
             self.fast.move_to_end(key)
             return 0
+        spilled = Spilled(str(path), len(header), tuple(view.nbytes for view in views))
+        self.spilled_count += 1
+        self.spilled_total += self.weights[key]
+        return self._to_disk(key, spilled)
+
+    def _to_disk(self, key: str, spilled: Spilled) -> int:
         weight = self.weights.pop(key)
         del self.fast[key]
         self.fast_bytes -= weight
-        self.slow[key] = Spilled(str(path), len(header), tuple(view.nbytes for view in views))
-        self.spilled_count += 1
-        self.spilled_total += weight
+        self.slow[key] = spilled
         return weight
 
     def _read(self, spilled: Spilled) -> Any:
@@ -200,7 +211,7 @@ class SpillBuffer(MutableMapping[str, Any]):
             del self.fast[key]
             self.fast_bytes -= self.weights.pop(key)
         self.unspillable.discard(key)
-        spilled = self.slow.pop(key, None)
+        spilled = self.slow.pop(key, None) or self.copies.pop(key, None)
         if spilled is not None:
             _remove(spilled.path)
 
@@ -218,6 +229,7 @@ class SpillBuffer(MutableMapping[str, Any]):
             self.weights.clear()
             self.fast_bytes = 0
             self.slow.clear()
+            self.copies.clear()
             self.unspillable.clear()
             shutil.rmtree(self.directory, ignore_errors=True)
 

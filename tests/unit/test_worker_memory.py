@@ -12,7 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from apportion.worker.memory import Decision, Thresholds, decide, process_memory
-from apportion.worker.spill import SpillBuffer, new_spill_directory, remove_stale_directories
+from apportion.worker.spill import (
+    SpillBuffer,
+    new_spill_directory,
+    remove_stale_directories,
+    size_of,
+)
 from apportion.worker.state import WorkerState
 
 from apportion import config
@@ -89,7 +94,9 @@ def test_least_recently_used_results_are_spilled_first(tmp_path: Path) -> None:
     assert store.fast_bytes == 2 * MIB and store.spilled_bytes >= MIB
 
 
-def test_a_spilled_result_reads_back_equal_and_its_file_goes(tmp_path: Path) -> None:
+def test_a_spilled_result_reads_back_equal_and_is_evicted_again_without_a_write(
+    tmp_path: Path,
+) -> None:
     store = SpillBuffer(tmp_path / "spill")
     array = np.arange(MIB, dtype=np.float64)
     store["x"] = array
@@ -99,8 +106,13 @@ def test_a_spilled_result_reads_back_equal_and_its_file_goes(tmp_path: Path) -> 
     back = store["x"]
     np.testing.assert_array_equal(back, array)
     assert store["small"] == {"a": [1, 2, 3]}
-    assert list((tmp_path / "spill").iterdir()) == []
     assert (store.spilled_count, store.unspilled_count) == (2, 2)
+    # Read back, the files stay: evicting again writes nothing, and reads back the same.
+    assert store.evict(10**12) == size_of(array) + size_of({"a": [1, 2, 3]})
+    assert store.spilled_count == 2
+    np.testing.assert_array_equal(store["x"], array)
+    del store["x"], store["small"]
+    assert list((tmp_path / "spill").iterdir()) == []
 
 
 def test_large_buffers_go_out_of_band_not_inside_the_pickle(tmp_path: Path) -> None:
