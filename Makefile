@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-compiled lint format clean k8s-bin k8s-up test-k8s bench bench-quick profile \
+.PHONY: demo test test-compiled lint format clean k8s-bin k8s-up test-k8s bench bench-quick bench-spill profile \
 	system-deps typecheck image
 
 $(STAMP): pyproject.toml
@@ -117,6 +117,9 @@ bench: $(BENCH_STAMP)  ## apportion vs dask.distributed vs Ray; results in bench
 
 bench-quick: $(BENCH_STAMP)
 	$(BENCH_RUN) benchmarks.run --quick $(BENCH_ARGS)
+
+bench-spill: $(BENCH_STAMP)  ## results larger than memory: apportion vs dask, 2 workers at 1 GiB
+	$(BENCH_RUN) benchmarks.spill $(BENCH_ARGS)
 
 profile: $(BENCH_STAMP)  ## py-spy / pyinstrument profiles of apportion's processes
 	$(BENCH_RUN) benchmarks.profile

@@ -17,6 +17,7 @@ from apportion import config
 from apportion.auth import connecting_token, default_token_file, scheduler_token
 from apportion.backoff import RestartBackoff
 from apportion.errors import ConfigError
+from apportion.memory_limit import parse_memory_limit
 from apportion.process import (
     EXIT_STARTUP_FAILED,
     after_exit,
@@ -217,7 +218,14 @@ async def _stop_scheduler(server: object, reason: str) -> None:
 @click.option("--host", default=None, help="Interface to listen on for peers.")
 @click.option("--port", type=int, default=0, help="Port for peers (0: any free port).")
 @click.option("--contact-host", default=None, help="Address others should reach this worker at.")
-@click.option("--memory-limit", type=int, default=None, help="Bytes, advertised to the scheduler.")
+@click.option(
+    "--memory-limit",
+    default=None,
+    help="Memory of each worker: bytes, '4GiB', '4GB', a fraction of the machine (0.5), "
+    "'auto' (the machine's or container's memory divided among --nworkers) or 0 (no limit); "
+    "default: worker.memory-limit ('auto'). Results are spilled to disk, and the worker "
+    "paused and restarted, at fractions of it (docs/memory.md).",
+)
 @_token_options(
     "File holding the scheduler's token (never created here).",
     "if it exists",
@@ -235,7 +243,7 @@ def worker(
     host: str | None,
     port: int,
     contact_host: str | None,
-    memory_limit: int | None,
+    memory_limit: str | None,
     token_file: str | None,
     no_auth: bool,
     tls_cert: str | None,
@@ -251,8 +259,15 @@ def worker(
         raise click.BadParameter(str(exc), param_hint="--resources") from None
     if nworkers < 1:
         raise click.BadParameter(f"must be at least 1, got {nworkers}", param_hint="--nworkers")
+    try:
+        limit = parse_memory_limit(
+            config.get("worker.memory-limit") if memory_limit is None else memory_limit,
+            nworkers,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory-limit") from None
     if nworkers > 1:
-        _supervise(nworkers, name, log_level)
+        _supervise(nworkers, name, log_level, limit)
         return
     setup_logging(log_level)
     _apply_tls(tls_cert, tls_key, tls_ca_file)
@@ -271,7 +286,7 @@ def worker(
         port=port,
         contact_host=contact_host,
         token=token,
-        memory_limit=memory_limit,
+        memory_limit=limit,
     )
     serve(
         start=server.start,
@@ -289,7 +304,9 @@ async def _worker_failure(server: Any) -> str | None:
     return server.failure
 
 
-def _supervise(nworkers: int, name: str | None, log_level: str | None) -> None:
+def _supervise(
+    nworkers: int, name: str | None, log_level: str | None, memory_limit: int | None = None
+) -> None:
     """Run ``nworkers`` copies of this command, one worker each.
 
     A worker that crashes (or is killed) is restarted, with back-off while it keeps
@@ -300,6 +317,9 @@ def _supervise(nworkers: int, name: str | None, log_level: str | None) -> None:
     """
     args = _without_option(sys.argv[1:], "--ready-fd")
     child_args = _without_option(_without_option(args, "--nworkers"), "--name")
+    # Each child gets its share in bytes ("auto" was divided among them here).
+    child_args = [*_without_option(child_args, "--memory-limit"), "--memory-limit"]
+    child_args.append(str(memory_limit or 0))
     base = name or os.uname().nodename
     names = [f"{base}-{i}" for i in range(nworkers)]
     commands = [[sys.executable, "-m", "apportion", *child_args, "--name", n] for n in names]

@@ -12,7 +12,9 @@ from typing import Any, Literal
 
 from apportion.errors import ConfigError
 
-Kind = Literal["number", "integer", "boolean", "string"]
+# "size": bytes, or a size such as "4GiB" (apportion/memory_limit.py); "fraction": a
+# number in (0, 1], or false (off).
+Kind = Literal["number", "integer", "boolean", "string", "size", "fraction"]
 
 
 class Setting:
@@ -47,12 +49,19 @@ class Setting:
     def describe_type(self, article: bool = False) -> str:
         if self.choices:
             text = " or ".join(repr(c) for c in self.choices)
+        elif self.kind in _KIND_TEXT:
+            text = _KIND_TEXT[self.kind]
         else:
             text = (
                 f"{'an' if self.kind == 'integer' else 'a'} {self.kind}" if article else self.kind
             )
         return f"{text} or None" if self.optional else text
 
+
+_KIND_TEXT = {
+    "size": "bytes, a size ('4GiB', '4GB'), a fraction of the machine or 'auto'",
+    "fraction": "a fraction in (0, 1] or false",
+}
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
@@ -167,6 +176,57 @@ SETTINGS: tuple[Setting, ...] = (
         True,
         "Workers (and clients) on one host hand each other results of 1 MiB or more "
         "through shared memory instead of TCP; false: always TCP.",
+    ),
+    Setting(
+        "worker.memory-limit",
+        "size",
+        "auto",
+        "A worker's memory limit: bytes, '4GiB', '4GB', a fraction of the machine (0.5), "
+        "'auto' (the machine's or its container's memory divided among --nworkers) or "
+        "None/0 (no limit). The thresholds below are fractions of it (docs/memory.md).",
+        optional=True,
+    ),
+    Setting(
+        "worker.memory.target",
+        "fraction",
+        0.6,
+        "Results held in memory beyond this fraction of the memory limit are spilled to "
+        "disk, least recently used first; false: off.",
+    ),
+    Setting(
+        "worker.memory.spill",
+        "fraction",
+        0.7,
+        "Once the process's memory passes this fraction of the limit, results are spilled "
+        "until it is back under target; false: off.",
+    ),
+    Setting(
+        "worker.memory.pause",
+        "fraction",
+        0.8,
+        "Above this fraction of the limit the worker starts no new task (the scheduler "
+        "places none there) until it is back under; false: off.",
+    ),
+    Setting(
+        "worker.memory.terminate",
+        "fraction",
+        0.95,
+        "Above this fraction of the limit the worker exits and is restarted by its "
+        "supervisor; what it held is recomputed; false: off.",
+    ),
+    Setting(
+        "worker.memory.monitor-interval",
+        "number",
+        0.1,
+        "Seconds between a worker's measurements of its memory.",
+    ),
+    Setting(
+        "worker.memory.spill-directory",
+        "string",
+        None,
+        "Where workers spill results (a directory of each worker's own under it, removed "
+        "when it stops); None: the system's temporary directory.",
+        optional=True,
     ),
     Setting(
         "client.store-argument-bytes",
@@ -394,6 +454,10 @@ def check_value(setting: Setting, value: Any, source: str, key: str | None = Non
 
 
 def _is_kind(value: Any, kind: Kind) -> bool:
+    if kind == "size":
+        return isinstance(value, (int, float, str)) and value is not True
+    if kind == "fraction":
+        return value is False or (_is_kind(value, "number") and 0 < value <= 1)
     if kind == "boolean":
         return isinstance(value, bool)
     if isinstance(value, bool):

@@ -25,6 +25,7 @@ from apportion.backoff import RestartBackoff
 from apportion.cluster_base import Cluster
 from apportion.cluster_ops import run_on_workers
 from apportion.logs import line_count, recent_lines
+from apportion.memory_limit import parse_memory_limit
 from apportion.process import (
     PARENT_PID_ENV,
     after_exit,
@@ -144,22 +145,19 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def worker_memory_argument(memory_limit: Any) -> str | None:
+def worker_memory_argument(memory_limit: Any, nworkers: int = 1) -> str:
     """What ``apportion worker --memory-limit`` is given for LocalCluster's
-    ``memory_limit``: None (Dask's "auto" and 0 included) leaves it to the worker's own
-    default; a number of bytes is given as such; any other text goes to the worker as
-    written, whose option parses it (units such as "4GB")."""
-    if memory_limit is None or memory_limit == "auto":
-        return None
-    if isinstance(memory_limit, bool):
+    ``memory_limit``, in bytes ("0": no limit, as Dask's 0). ``"auto"`` (and None) share
+    the machine's (or the container's) memory among the ``nworkers`` workers, as Dask's
+    does: each worker is a process of its own, whose own "auto" would take it all."""
+    if isinstance(memory_limit, bool) or not isinstance(
+        memory_limit, (int, float, str, type(None))
+    ):
         raise TypeError(f"memory_limit must be bytes or a text such as '4GB', not {memory_limit!r}")
-    if isinstance(memory_limit, (int, float)):
-        if memory_limit < 0:
-            raise ValueError(f"memory_limit must be >= 0, got {memory_limit!r}")
-        return None if memory_limit == 0 else str(int(memory_limit))
-    if isinstance(memory_limit, str):
-        return memory_limit.strip()
-    raise TypeError(f"memory_limit must be bytes or a text such as '4GB', not {memory_limit!r}")
+    if isinstance(memory_limit, (int, float)) and memory_limit < 0:
+        raise ValueError(f"memory_limit must be >= 0, got {memory_limit!r}")
+    value = "auto" if memory_limit is None else memory_limit
+    return str(parse_memory_limit(value, nworkers=nworkers) or 0)
 
 
 IN_PROCESS_REFUSED = (
@@ -232,7 +230,7 @@ class LocalCluster(Cluster):
         self._template_threads = int(first.get("nthreads") or self.threads_per_worker)
         self._template_resources = {**defaults, **(first.get("resources") or {})}
         self._specs = [
-            self._normalise(i, spec, defaults, self.threads_per_worker, memory_limit)
+            self._normalise(i, spec, defaults, self.threads_per_worker, memory_limit, len(workers))
             for i, spec in enumerate(workers)
         ]
         self._next_index = len(self._specs)
@@ -293,6 +291,7 @@ class LocalCluster(Cluster):
         defaults: dict[str, float],
         nthreads: int,
         memory_limit: Any = None,
+        nworkers: int = 1,
     ) -> dict[str, Any]:
         unknown = set(spec) - set(WORKER_FIELDS)
         if unknown:
@@ -307,7 +306,9 @@ class LocalCluster(Cluster):
             "name": str(spec.get("name") or f"worker-{index}"),
             "nthreads": threads,
             "resources": validate({**defaults, **(spec.get("resources") or {})}, what="capacity"),
-            "memory_limit": worker_memory_argument(spec.get("memory_limit", memory_limit)),
+            "memory_limit": worker_memory_argument(
+                spec.get("memory_limit", memory_limit), nworkers
+            ),
         }
 
     def _child_env(self) -> dict[str, str]:
@@ -378,7 +379,11 @@ class LocalCluster(Cluster):
     # ------------------------------------------------------------------ workers
     def start_workers(self, specs: list[dict[str, Any]]) -> list[WorkerProcess]:
         """Start more workers (each ``{"name", "nthreads", "resources"}``) and wait for them."""
-        specs = [self._normalise(len(self.workers) + i, s, {}, 1) for i, s in enumerate(specs)]
+        total = len(self.workers) + len(specs)
+        specs = [
+            self._normalise(len(self.workers) + i, s, {}, 1, nworkers=total)
+            for i, s in enumerate(specs)
+        ]
         self._next_index = max(self._next_index, len(self.workers) + len(specs))
         clash = [s["name"] for s in specs if s["name"] in self.workers]
         if clash:

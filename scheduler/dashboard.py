@@ -25,6 +25,7 @@ from apportion.scheduler.placement import explain_no_worker
 
 from apportion.core.events import TaskRun
 from apportion.core.keys import key_prefix
+from apportion.memory_limit import format_size
 from apportion.resources import format_resources
 
 if TYPE_CHECKING:
@@ -83,6 +84,9 @@ class WorkerView:
     retiring: bool
     results: int
     resources: list[ResourceView] = field(default_factory=list)
+    paused: bool = False
+    # Its memory as of its last heartbeat ("" without a limit): used, limit, spilled.
+    memory: str = ""
 
 
 @dataclass
@@ -107,6 +111,8 @@ def worker_view(ws: WorkerState, held: dict[int, dict[str, list[int]]] | None = 
         [ts.key for ts in running],
         ws.retiring,
         len(ws.has_what),
+        paused=ws.paused,
+        memory=memory_text(ws.memory),
     )
     for name, total in sorted(ws.total.items()):
         units = None
@@ -114,6 +120,16 @@ def worker_view(ws: WorkerState, held: dict[int, dict[str, list[int]]] | None = 
             units = _units(name, int(total), ws, held or {})
         view.resources.append(ResourceView(name, total, ws.used.get(name, 0), units))
     return view
+
+
+def memory_text(report: dict[str, Any]) -> str:
+    """A worker's memory report (its heartbeat's) in a few words."""
+    if not report.get("limit"):
+        return ""
+    text = f"memory {format_size(report.get('rss', 0))} of {format_size(report['limit'])}"
+    if report.get("spilled_bytes"):
+        text += f" · {format_size(report['spilled_bytes'])} spilled"
+    return text
 
 
 def _units(

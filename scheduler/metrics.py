@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+# (label, field of a worker's memory report) of apportion_worker_memory_bytes.
+_MEMORY_GAUGES = (
+    ("limit", "limit"),
+    ("rss", "rss"),
+    ("managed", "managed"),
+    ("spilled", "spilled_bytes"),
+)
+
+
 class SchedulerCollector(Collector):
     def __init__(self, scheduler: SchedulerShell) -> None:
         self.scheduler = scheduler
@@ -54,6 +63,40 @@ class SchedulerCollector(Collector):
         retiring = GaugeMetricFamily(
             "apportion_worker_retiring", "1 while a worker is being retired", labels=["worker"]
         )
+        paused = GaugeMetricFamily(
+            "apportion_worker_paused",
+            "1 while a worker is paused for memory (it starts no new task)",
+            labels=["worker"],
+        )
+        memory = GaugeMetricFamily(
+            "apportion_worker_memory_bytes",
+            "A worker's memory, by kind: limit, rss (the process), managed (results held in "
+            "memory), spilled (results on disk now); as of its last heartbeat",
+            labels=["worker", "kind"],
+        )
+        spilled = CounterMetricFamily(
+            "apportion_worker_spilled",
+            "Results a worker wrote to disk (direction=out) or read back (direction=in) since "
+            "it started",
+            labels=["worker", "direction"],
+        )
+        spilled_bytes = CounterMetricFamily(
+            "apportion_worker_spilled_bytes",
+            "Bytes of results a worker wrote to disk (out) or read back (in) since it started",
+            labels=["worker", "direction"],
+        )
+        for ws in state.workers.values():
+            paused.add_metric([ws.name], int(ws.paused))
+            report = ws.memory
+            for kind, field in _MEMORY_GAUGES:
+                if report.get(field) is not None:
+                    memory.add_metric([ws.name, kind], report[field])
+            if "spilled_count" in report:
+                spilled.add_metric([ws.name, "out"], report["spilled_count"])
+                spilled.add_metric([ws.name, "in"], report.get("unspilled_count", 0))
+                spilled_bytes.add_metric([ws.name, "out"], report.get("spilled_total", 0))
+                spilled_bytes.add_metric([ws.name, "in"], report.get("unspilled_total", 0))
+        yield from (paused, memory, spilled, spilled_bytes)
         for ws in state.workers.values():
             for resource, amount in ws.total.items():
                 total.add_metric([ws.name, resource], amount)

@@ -125,12 +125,14 @@ class WorkerState:
         "info",
         "last_seen",
         "max_slots",
+        "memory",
         "memory_limit",
         "menu",
         "menu_size",
         "menu_version",
         "name",
         "nthreads",
+        "paused",
         "processing",
         "reserved_for",
         "retiring",
@@ -179,6 +181,10 @@ class WorkerState:
         self.menu_version = -1
         self.menu_size = 0
         self.memory_limit = memory_limit
+        # Paused for memory (the worker said so): no new work (slots 0) until it resumes.
+        self.paused = False
+        # The worker's latest memory report (heartbeats): rss, spilled bytes and counts.
+        self.memory: dict[str, Any] = {}
         self.last_seen = 0.0
         # Scheduler clock time it last became idle (running nothing); None while busy.
         self.idle_since: float | None = None

@@ -194,10 +194,10 @@ class RetirementMixin:
         """Give up retiring ``ws``: it is back in service, and its requests say why."""
         self._settle(ws, reason)
         ws.retiring = False
-        ws.slots = ws.max_slots
+        ws.slots = 0 if ws.paused else ws.max_slots  # paused for memory: not yet
         if len(ws.processing) < ws.slots:
             self.with_slots[ws] = None
-        if not ws.processing:
+        if not ws.processing and ws.slots:
             self.idle[ws] = None
         logger.warning("worker %s stays in service: %s", ws.name, reason)
         self._fill(ws)
@@ -237,7 +237,7 @@ class RetirementMixin:
         for ws in self.workers.values():
             if ws.retiring and (ws.slots or ws in self.with_slots):
                 problems.append(f"{ws.name}: retiring yet open for work")
-            elif not ws.retiring and ws.slots != ws.max_slots:
+            elif not ws.retiring and not ws.paused and ws.slots != ws.max_slots:
                 problems.append(f"{ws.name}: in service with {ws.slots} of {ws.max_slots} slots")
         waited = {ws for r in self.retirements for ws in r.waiting}
         if waited != set(self.awaiting):

@@ -198,6 +198,7 @@ class Scheduler:
             "data-acquired": self.state.handle_data_acquired,
             "acquire-failed": self.state.handle_acquire_failed,
             "run-result": self._on_run_result,
+            "worker-status": self.state.handle_worker_status,
             **secession_handlers(self.secession),
         }
         reason = "connection closed"
@@ -208,7 +209,7 @@ class Scheduler:
             for message in messages:
                 op = message["op"]
                 if op == "heartbeat":
-                    self.state.handle_heartbeat(address)
+                    self.state.handle_heartbeat(address, message.get("memory"))
                     if self.state.events is not None:
                         self.state.events.heartbeat(address, message.get("units"))
                     continue
@@ -221,7 +222,7 @@ class Scheduler:
                     raise ProtocolError(f"unknown worker operation {op!r}")
                 if op in ("data-acquired", "acquire-failed"):
                     check_key(message)
-                elif op != "run-result":
+                elif op not in ("run-result", "worker-status"):
                     check_run_id(message)
                     if op in RUN_ENDS and (self.secession.runs or self.secession.rejoined):
                         self.secession.run_ended(address, message["run_id"])

@@ -503,10 +503,40 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             for other in [*self.workers, *self.clients]:
                 self.send(other, left)
 
-    def handle_heartbeat(self, address: str) -> None:
+    def handle_heartbeat(self, address: str, memory: dict[str, Any] | None = None) -> None:
         ws = self.workers.get(address)
         if ws is not None:
             ws.last_seen = self.clock()
+            if memory is not None:
+                ws.memory = memory
+
+    def handle_worker_status(self, address: str, msg: Message) -> None:
+        """The worker paused for memory (no new work goes there: its slots are 0) or
+        resumed (its slots are back, and it is filled)."""
+        ws = self.workers.get(address)
+        paused = msg.get("status") == "paused"
+        if ws is None or ws.paused == paused:
+            return
+        ws.paused = paused
+        logger.log(
+            logging.WARNING if paused else logging.INFO,
+            "worker %s %s",
+            ws.name,
+            "paused: its memory is above its pause threshold" if paused else "resumed",
+        )
+        if paused:
+            ws.slots = 0
+            self.with_slots.pop(ws, None)
+            self.idle.pop(ws, None)
+            return
+        if ws.retiring:
+            return
+        ws.slots = ws.max_slots
+        if len(ws.processing) < ws.slots:
+            self.with_slots[ws] = None
+        if not ws.processing:
+            self.idle[ws] = None
+        self.offer_slots(ws)
 
     def handle_task_finished(self, address: str, msg: Message) -> None:
         ws = self.workers.get(address)
@@ -1200,6 +1230,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                     "memory_limit": ws.memory_limit,
                     "processing": len(ws.processing),
                     "retiring": ws.retiring,
+                    "status": "paused" if ws.paused else "running",
+                    "memory": dict(ws.memory),
                     "in_memory": len(ws.has_what),
                     "nbytes": bytes_held(ws),
                     "idle_seconds": None if ws.idle_since is None else now - ws.idle_since,
@@ -1272,6 +1304,8 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                         f"{ws.name}: {name} free {ws.free[name]} != total - used - held"
                     )
             problems.extend(_reservation_problems(ws, self))
+            if ws.paused and (ws.slots or ws in self.with_slots):
+                problems.append(f"{ws.name}: paused, yet offered work ({ws.slots} slots)")
             if len(ws.processing) > 2 * ws.max_slots and not ws.retiring:
                 problems.append(f"{ws.name}: {len(ws.processing)} runs > 2 x {ws.slots} slots")
             priorities = {run.priority for run in ws.processing.values()}

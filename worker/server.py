@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from apportion.worker import output, readiness, secession, stored, uploads
+from apportion.worker import memory, output, readiness, secession, spill, stored, uploads
 from apportion.worker.state import (
     Execute,
     Fetch,
@@ -38,6 +38,7 @@ from apportion.core.context import TaskInfo, WorkerInfo, set_current
 from apportion.core.task_host import close_clients
 from apportion.errors import InputLoadError, Reschedule
 from apportion.logs import keep_recent_lines
+from apportion.memory_limit import format_size, parse_memory_limit
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
 from apportion.protocol.comm import format_address, parse_address, welcome
 from apportion.protocol.rpc import ConnectionPool
@@ -77,7 +78,7 @@ class Worker:
         port: int = 0,
         contact_host: str | None = None,
         token: str | None = None,
-        memory_limit: int | None = None,
+        memory_limit: int | float | str | None = None,
     ) -> None:
         self.scheduler_address = scheduler_address
         configured = config.get("worker.resources", {}) or {}
@@ -91,13 +92,28 @@ class Worker:
         self.contact_host = contact_host
         self.name = name or ""
         self.token = token
-        self.memory_limit = memory_limit
+        # Bytes (None: unbounded); "auto" here is the whole machine: a supervisor starting
+        # several workers divides it among them before (apportion/memory_limit.py).
+        self.memory_limit = parse_memory_limit(memory_limit)
+        self.memory_thresholds = memory.Thresholds.from_config()
         self.inline_limit = int(config.get("worker.inline-result-bytes"))
+        # Results held here; spilled to disk under memory pressure (worker/spill.py).
+        self.data: spill.SpillBuffer | None = None
+        if self.memory_limit is not None:
+            directory = config.get("worker.memory.spill-directory")
+            self.data = spill.SpillBuffer(spill.new_spill_directory(directory))
+        self._memory_stop = threading.Event()
+        target = self.memory_thresholds.target
+        self._target_bytes = (
+            int(target * self.memory_limit) if target and self.memory_limit else 1 << 62
+        )
         # What the worker runs, holds and fetches: a pure state machine (worker/state.py).
         # THE LOCK RULE: self.state is read and changed only with self._lock held, by the
         # event loop and by task threads alike; the instructions it returns are carried
         # out after releasing it. The lock also guards _unsent, _drain_scheduled and _wakes.
-        self.state = WorkerState(self.nthreads, advertised, self.name, self.inline_limit)
+        self.state = WorkerState(
+            self.nthreads, advertised, self.name, self.inline_limit, data=self.data
+        )
         self._lock = threading.Lock()
         self.functions = FunctionLoadCache()
         # Long-lived task threads fed by a queue (cheaper than an executor's futures).
@@ -158,6 +174,10 @@ class Worker:
         interval = float(config.get("worker.heartbeat-interval")) * 1000
         self._heartbeat = PeriodicCallback(self._send_heartbeat, interval)
         self._heartbeat.start()
+        if self.memory_limit is not None:
+            threading.Thread(
+                target=self._watch_memory, name="apportion-memory", daemon=True
+            ).start()
         background(self._serve_scheduler())
         return self
 
@@ -225,6 +245,9 @@ class Worker:
             comm.allow_thread_writes()
             self.scheduler = comm
         self.readiness.connected()
+        with self._lock:
+            if self.state.paused:  # a new scheduler places nothing here while paused
+                comm.send({"op": "worker-status", "status": "paused"})
         if report["held"] or report["running"]:
             logger.info(
                 "worker %s reported %d held results and %d running tasks",
@@ -253,14 +276,97 @@ class Worker:
             del stored.stores[self.address]
         for _ in self._threads:
             self._jobs.put(None)  # each thread stops after the runs already handed to it
+        self._memory_stop.set()
+        if self.data is not None:
+            self.data.close()  # the spill directory goes with the worker
         self.finished.set()
 
     def _send_heartbeat(self) -> None:
         if self.scheduler is not None and not self.scheduler.closed:
             with self._lock:
                 tasks = list(self.state.tasks.values())
-            self.scheduler.send({"op": "heartbeat", **output.units_held(tasks)})
+            beat = {"op": "heartbeat", **output.units_held(tasks)}
+            if self.memory_limit is not None:
+                beat["memory"] = self.memory_report()
+            self.scheduler.send(beat)
             output.send_running_output(tasks, self.scheduler.send)
+
+    # ------------------------------------------------------------------- memory
+    def _watch_memory(self) -> None:
+        """The memory monitor's thread (a thread: it acts while the event loop is busy)."""
+        interval = float(config.get("worker.memory.monitor-interval"))
+        while not self._memory_stop.wait(interval):
+            try:
+                self.check_memory()
+            except Exception:
+                logger.exception("worker %s: memory check failed", self.name)
+
+    def check_memory(self) -> None:
+        """Measure, then spill, pause, resume or terminate as worker/memory.py decides."""
+        data, limit = self.data, self.memory_limit
+        if data is None or limit is None:
+            return
+        rss = memory.process_memory()
+        paused = self.state.paused  # (a read of a bool: the lock is taken to change it)
+        decision = memory.decide(limit, rss, data.fast_bytes, paused, self.memory_thresholds)
+        if decision.terminate:
+            self._terminate(rss, limit)
+        if decision.spill:
+            freed = data.evict(decision.spill)
+            logger.debug("worker %s spilled %d bytes of results", self.name, freed)
+        if decision.paused != paused:
+            # Measured again after spilling: spilling may have been enough.
+            rss = memory.process_memory()
+            decision = memory.decide(limit, rss, data.fast_bytes, paused, self.memory_thresholds)
+            if decision.paused == paused:
+                return
+            with self._lock:
+                instructions = self.state.memory_pressure(decision.paused)
+            if instructions:
+                logger.warning(
+                    "worker %s %s: process memory %s of its %s limit",
+                    self.name,
+                    "paused (runs no new task)" if decision.paused else "resumed",
+                    format_size(rss),
+                    format_size(limit),
+                )
+                self._loop_call(self._carry_out, instructions)
+
+    def _terminate(self, rss: int, limit: int) -> None:
+        """Past the terminate threshold: exit at once, unannounced, as a crash, so that the
+        supervisor (--nworkers, LocalCluster) starts a fresh worker and the scheduler
+        recomputes what this one held."""
+        logger.error(
+            "worker %s exits: process memory %s passed %.0f%% of its %s limit",
+            self.name,
+            format_size(rss),
+            100 * (self.memory_thresholds.terminate or 1),
+            format_size(limit),
+        )
+        if self.data is not None:
+            self.data.close()
+        logging.shutdown()
+        os._exit(1)
+
+    def memory_report(self) -> dict[str, Any]:
+        """What the scheduler shows of this worker's memory (heartbeats)."""
+        data = self.data
+        report: dict[str, Any] = {
+            "limit": self.memory_limit,
+            "rss": memory.process_memory(),
+            "paused": self.state.paused,
+        }
+        if data is not None:
+            report.update(
+                managed=data.fast_bytes,
+                spilled_bytes=data.spilled_bytes,
+                spilled_keys=len(data.slow),
+                spilled_count=data.spilled_count,
+                spilled_total=data.spilled_total,
+                unspilled_count=data.unspilled_count,
+                unspilled_total=data.unspilled_total,
+            )
+        return report
 
     def add_task_thread(self) -> None:
         """One more task thread (a task seceded: its thread left the pool)."""
@@ -472,6 +578,11 @@ class Worker:
             if messages and not self._send_from_thread(comm, messages, epoch):
                 return  # the event loop is closed: the worker is gone
             del messages
+            data = self.data
+            if data is not None and data.fast_bytes > self._target_bytes:
+                # Results beyond the target: spilled now, before this thread starts the
+                # next task, not at the monitor's next look.
+                self.check_memory()
             with self._lock:
                 starts = self.state.free_run(task)
             task = None

@@ -2,7 +2,8 @@
 
 Events are the scheduler's messages (``compute``, ``cancel``, ``free-keys``,
 ``acquire-data``, ``reacquired``, ``set-resources``), the outcomes of fetches from peers,
-what a run asks from its own thread (``secede``, ``rejoin``), the end of a run, and the
+what a run asks from its own thread (``secede``, ``rejoin``), the end of a run, the
+worker's memory passing its pause threshold or falling back (``memory_pressure``), and the
 loss of the scheduler. Each event method changes state and returns the instructions that
 the process edge (``worker/server.py``) carries out:
 
@@ -38,6 +39,7 @@ once that need ends.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import MutableMapping
 from time import time
 from typing import Any, Literal, NamedTuple
 
@@ -246,6 +248,7 @@ class WorkerState:
         name: str = "",
         inline_limit: int = 64 * 1024,
         story_length: int = 10_000,
+        data: MutableMapping[str, Any] | None = None,
     ) -> None:
         self.nthreads = nthreads
         self.resources = dict(resources)
@@ -261,7 +264,11 @@ class WorkerState:
         # Seceded runs that may take a thread again (rejoining, granted), oldest first:
         # they take free threads before any ready task.
         self.rejoining: list[WorkerTask] = []
-        self.data: dict[str, Any] = {}
+        # The results held here: a dict, or a store that spills them to disk and reads
+        # them back on use (worker/spill.py), transparently to this machine.
+        self.data: MutableMapping[str, Any] = {} if data is None else data
+        # Paused for memory (worker/memory.py): ready tasks wait; runs in threads go on.
+        self.paused = False
         # Pickled size of each held result, for a new scheduler's placement (it prefers
         # the worker holding a task's inputs' bytes).
         self.nbytes: dict[str, int] = {}
@@ -584,6 +591,19 @@ class WorkerState:
             return [Resume(task)]
         return []  # waiting to rejoin already
 
+    def memory_pressure(self, paused: bool) -> list[Instruction]:
+        """The worker's memory passed its pause threshold (``paused``) or fell back under
+        it: paused, no ready task starts (runs in threads go on); the scheduler hears of
+        each change, and places nothing here while paused."""
+        if paused == self.paused:
+            return []
+        self.paused = paused
+        status = "paused" if paused else "running"
+        instructions: list[Instruction] = [Send({"op": "worker-status", "status": status})]
+        if not paused:
+            instructions.extend(self._start("memory-resumed"))
+        return instructions
+
     def finished_message(self, task: WorkerTask, payload: Payload) -> Message:
         message: Message = {
             "op": "task-finished",
@@ -612,7 +632,7 @@ class WorkerState:
         if self.rejoining:
             self._resume(started, stimulus)
         ready, ledger = self.ready, self.ledger
-        while ready and self.running < self.nthreads:
+        while ready and self.running < self.nthreads and not self.paused:
             best: WorkerTask | None = None
             for task in ready:
                 if (best is None or task.priority > best.priority) and ledger.fits_now(task.shape):
@@ -666,7 +686,8 @@ class WorkerState:
                 self._forget(key)
 
     def _forget(self, key: str) -> None:
-        self.data.pop(key, None)
+        if key in self.data:  # (not pop: that would read a spilled result back first)
+            del self.data[key]
         self.nbytes.pop(key, None)
         self.unreported_attempts.pop(key, None)
 

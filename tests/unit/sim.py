@@ -110,7 +110,8 @@ class Sim:
                 )
             # Beyond its slots only for more urgent tasks (see _outranked_worker).
             priorities = {msg.get("priority", 0) for msg in self.runs[address].values()}
-            assert ws.retiring or len(self.runs[address]) <= ws.slots or len(priorities) > 1
+            stopped = ws.retiring or ws.paused  # (slots 0: no new work)
+            assert stopped or len(self.runs[address]) <= ws.slots or len(priorities) > 1
 
     # ------------------------------------------------------------------ stimuli
     def add_client(self, client: str = "c") -> None:

@@ -202,7 +202,7 @@ FACADE = "entry point (apportion/__init__.py)"
 
 _CORE_FILES = {
     "errors", "resources", "restrictions", "auth", "backoff", "serialize", "config_schema",
-    "config", "aio", "logs", "annotations", "shared_memory",
+    "config", "aio", "logs", "annotations", "shared_memory", "memory_limit",
 }  # fmt: skip
 _CLIENT_FILES = {
     "session", "future_table", "client", "async_client", "futures", "cluster_ops",

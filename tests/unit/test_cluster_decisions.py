@@ -9,6 +9,7 @@ import pytest
 from apportion.backoff import QuietRetries
 from apportion.cluster_base import AdaptiveState, adaptive_target
 from apportion.local import DEFAULT, dashboard_port, default_shape, worker_memory_argument
+from apportion.memory_limit import available_memory
 from apportion.reprs import Summary, cluster_text, format_bytes, summarise
 
 
@@ -53,15 +54,19 @@ def test_the_dashboard_port_follows_dasks_dashboard_address() -> None:
         dashboard_port("10.1.2.3:8787", DEFAULT, "127.0.0.1")
 
 
-def test_memory_limits_reach_the_worker_as_given() -> None:
-    assert worker_memory_argument("auto") is None
-    assert worker_memory_argument(None) is None
-    assert worker_memory_argument(0) is None  # Dask's "no limit"
+def test_memory_limits_reach_each_worker_in_bytes_auto_shared_among_them() -> None:
+    machine = available_memory()
+    assert int(worker_memory_argument("auto", nworkers=4)) == machine // 4
+    assert worker_memory_argument(None, nworkers=2) == worker_memory_argument("auto", 2)
+    assert worker_memory_argument(0) == "0"  # Dask's "no limit"
     assert worker_memory_argument(2**30) == str(2**30)
     assert worker_memory_argument(1.5e9) == "1500000000"
-    assert worker_memory_argument(" 4GB ") == "4GB"  # the worker's option parses units
+    assert worker_memory_argument(" 4GB ") == "4000000000"
+    assert worker_memory_argument("4GiB") == str(4 * 2**30)
     with pytest.raises(ValueError, match=">= 0"):
         worker_memory_argument(-1)
+    with pytest.raises(ValueError, match="lots"):
+        worker_memory_argument("lots")
     with pytest.raises(TypeError):
         worker_memory_argument([1])
 

@@ -1,0 +1,151 @@
+"""Results larger than the workers' memory, side by side with Dask.
+
+    python -m benchmarks.spill [--systems apportion,dask] [--chunks 64] [--chunk-mb 64]
+                               [--limit 1GiB] [--reads 2]
+
+Two worker processes (one thread each) limited to ``--limit`` persist ``--chunks`` arrays
+of ``--chunk-mb`` MB (64 x 64 MB = 4 GiB against 2 x 1 GiB by default), then sum each
+chunk, ``--reads`` times (every pass reads spilled chunks back). Each system runs in a
+fresh process; printed per system: seconds to persist, seconds for the sums, the peak
+resident memory of each worker process (VmHWM) against its limit, and the bytes on
+disk at the end (and, for apportion, all it wrote).
+``make bench-spill`` runs it with the benchmark environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.pathing import child_pythonpath, import_dir
+
+MB = 1_000_000
+
+
+def make_chunk(i: int, nbytes: int) -> Any:
+    import numpy as np
+
+    return np.full(nbytes, i % 251, dtype=np.uint8)
+
+
+def total(chunk: Any, read: int) -> int:
+    return int(chunk.sum())
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory (VmHWM), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def dask_spilled(dask_worker: Any) -> int:
+    spilled = getattr(dask_worker.data, "spilled_total", None)
+    return int(getattr(spilled, "disk", 0) or 0)
+
+
+def _workload(
+    submit: Any, wait: Any, chunks: int, nbytes: int, reads: int
+) -> tuple[dict[str, float], list[Any]]:
+    """Times, and the persisted futures (held until the caller has measured)."""
+    start = time.perf_counter()
+    futures = [submit(make_chunk, i, nbytes) for i in range(chunks)]
+    wait(futures)  # persisted, on the workers (no chunk comes to the client)
+    persisted = time.perf_counter()
+    for read in range(reads):
+        got = [s.result() for s in [submit(total, future, read) for future in futures]]
+        assert got == [nbytes * (i % 251) for i in range(chunks)], "wrong sums"
+    return {"persist_s": persisted - start, "sums_s": time.perf_counter() - persisted}, futures
+
+
+def _run_apportion(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any]:
+    from apportion import Client, LocalCluster, config, wait
+
+    with (
+        config.set({"worker.memory-limit": limit}),
+        LocalCluster(n_workers=2, threads_per_worker=1) as cluster,
+        Client(cluster) as client,
+    ):
+        timing, futures = _workload(client.submit, wait, chunks, nbytes, reads)
+        peaks = client.run(peak_rss)
+        time.sleep(1.5)  # the next heartbeat carries the spill counts
+        info = [w["memory"] for w in client.scheduler_info()["workers"].values()]
+        on_disk = sum(m.get("spilled_bytes", 0) for m in info)
+        written = sum(m.get("spilled_total", 0) for m in info)
+        del futures
+    return {**timing, "peaks": sorted(peaks.values()), "spilled": on_disk, "written": written}
+
+
+def _run_dask(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any]:
+    from distributed import Client, LocalCluster, wait
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit=limit, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        timing, futures = _workload(client.submit, wait, chunks, nbytes, reads)
+        peaks = client.run(peak_rss)
+        spilled = sum(client.run(dask_spilled).values())
+        del futures
+    return {**timing, "peaks": sorted(peaks.values()), "spilled": spilled}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.spill", description=__doc__)
+    parser.add_argument("--systems", default="apportion,dask")
+    parser.add_argument("--chunks", type=int, default=64)
+    parser.add_argument("--chunk-mb", type=int, default=64)
+    parser.add_argument("--limit", default="1GiB")
+    parser.add_argument("--reads", type=int, default=2)
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    nbytes = opts.chunk_mb * MB
+    if opts.one:
+        run = _run_apportion if opts.one == "apportion" else _run_dask
+        print(json.dumps(run(opts.limit, opts.chunks, nbytes, opts.reads)))
+        return 0
+    try:
+        from apportion.memory_limit import parse_size
+    except ImportError:  # an apportion without memory limits: Dask's parser reads the same
+        from dask.utils import parse_bytes as parse_size
+
+    limit = parse_size(opts.limit)
+    print(
+        f"{opts.chunks} x {opts.chunk_mb} MB on 2 workers limited to {opts.limit} each, "
+        f"summed {opts.reads} times"
+    )
+    for system in opts.systems.split(","):
+        env = {"PYTHONPATH": child_pythonpath(None), "APPORTION_LOG_LEVEL": "WARNING"}
+        command = [sys.executable, "-m", "benchmarks.spill", *(argv or sys.argv[1:])]
+        done = subprocess.run(
+            [*command, "--one", system],
+            cwd=import_dir(),
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            print(f"{system}: failed\n{done.stderr[-2000:]}")
+            continue
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        worst = max(result["peaks"]) / limit
+        print(
+            f"{system:>10}: persist {result['persist_s']:.1f} s, sums {result['sums_s']:.1f} s, "
+            f"worker peaks {[round(p / 2**20) for p in result['peaks']]} MiB "
+            f"({worst:.0%} of the limit), on disk at the end {result['spilled'] / 2**30:.2f} GiB"
+            + (f", written {result['written'] / 2**30:.2f} GiB" if "written" in result else "")
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Workers with a memory limit, on real processes: results larger than the limit spill to
+disk and are read back, the processes stay under their limit, a worker past its terminate
+threshold is restarted and what it ran is recomputed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from apportion import Client, LocalCluster, config, wait
+from apportion.errors import KilledWorkerError
+from apportion.memory_limit import available_memory
+
+MIB = 1024**2
+LIMIT = 400 * MIB
+CHUNK = 16 * MIB
+APPORTION = [sys.executable, "-m", "apportion"]
+CHUNKS = 40  # 640 MiB of results on two workers limited to 400 MiB each
+
+
+def chunk(i: int) -> Any:
+    return np.full(CHUNK, i % 251, dtype=np.uint8)
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory (VmHWM), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)  # polling a condition, with a deadline
+    raise AssertionError(f"not true after {timeout}s: {condition}")
+
+
+def spilled(client: Client) -> int:
+    workers = client.scheduler_info()["workers"].values()
+    return sum(w["memory"].get("spilled_total", 0) for w in workers)
+
+
+def test_results_larger_than_the_limit_spill_and_read_back(tmp_path: Path) -> None:
+    settings = {"worker.memory-limit": LIMIT, "worker.memory.spill-directory": str(tmp_path)}
+    with config.set(settings), LocalCluster(n_workers=2, threads_per_worker=1) as cluster:
+        with Client(cluster) as client:
+            chunks = [client.submit(chunk, i) for i in range(CHUNKS)]
+            wait(chunks, timeout=120)
+            sums = [f.result(timeout=120) for f in [client.submit(np.sum, c) for c in chunks]]
+            assert sums == [CHUNK * (i % 251) for i in range(CHUNKS)]
+            # Read back twice: still there, still right.
+            np.testing.assert_array_equal(chunks[0].result(timeout=60), chunk(0))
+            assert wait_for(lambda: spilled(client) > 0)
+            info = client.scheduler_info()["workers"]
+            for worker in info.values():
+                assert worker["memory"]["limit"] == LIMIT
+                assert worker["status"] == "running"
+            peaks = client.run(peak_rss)
+            for address, peak in peaks.items():
+                assert peak < LIMIT * 1.1, f"{address} peaked at {peak / MIB:.0f} MiB"
+            assert client.check_invariants() == []
+            root = tmp_path / "apportion-spill"
+            assert any(directory.iterdir() for directory in root.iterdir())
+    # Each worker removes its spill directory when it stops.
+    assert list(root.iterdir()) == []
+
+
+def hog(nbytes: int) -> int:
+    held = np.ones(nbytes, dtype=np.uint8)
+    time.sleep(30)  # the memory monitor ends this process well before
+    return int(held[0])
+
+
+def test_a_worker_past_terminate_is_restarted_and_the_task_fails_as_on_worker_loss(
+    tmp_path: Path,
+) -> None:
+    settings = {
+        "worker.memory-limit": "200MiB",
+        "worker.memory.spill-directory": str(tmp_path),
+        "scheduler.allowed-failures": 0,
+    }
+    with config.set(settings), LocalCluster(n_workers=1, threads_per_worker=1) as cluster:
+        with Client(cluster) as client:
+            before = set(client.scheduler_info()["workers"])
+            with pytest.raises(KilledWorkerError):
+                client.submit(hog, 300 * MIB).result(timeout=120)
+            # The supervisor started a fresh worker, which runs tasks.
+            wait_for(lambda: set(client.scheduler_info()["workers"]) - before)
+            assert client.submit(sum, [1, 2]).result(timeout=60) == 3
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [(["--memory-limit", "1GiB"], 2**30), ([], "auto"), (["--memory-limit", "0"], None)],
+)
+def test_nworkers_share_the_machine_and_each_gets_the_limit_given(
+    flag: list[str], expected: int | str | None
+) -> None:
+    with LocalCluster(workers=[]) as cluster:
+        command = [*APPORTION, "worker", cluster.scheduler_address]
+        environment = {**os.environ, "APPORTION_TOKEN": cluster.token}
+        workers = subprocess.Popen(
+            [*command, "--nworkers", "2", "--name", "m", *flag],
+            env=environment,
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            with Client(cluster) as client:
+                client.wait_for_workers(2, timeout=60)
+                limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+        finally:
+            workers.send_signal(signal.SIGTERM)
+            workers.wait(timeout=30)
+    if expected == "auto":
+        expected = available_memory() // 2
+    assert limits == [expected, expected]
+
+
+def test_a_memory_limit_that_means_nothing_is_refused_naming_it() -> None:
+    done = subprocess.run(
+        [*APPORTION, "worker", "tcp://127.0.0.1:1", "--memory-limit", "lots"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "--memory-limit" in done.stderr and "'lots'" in done.stderr

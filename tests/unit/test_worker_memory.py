@@ -1,0 +1,216 @@
+"""The worker's memory decisions (worker/memory.py) and its spill store (worker/spill.py)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from apportion.worker.memory import Decision, Thresholds, decide, process_memory
+from apportion.worker.spill import (
+    SpillBuffer,
+    new_spill_directory,
+    remove_stale_directories,
+    size_of,
+)
+from apportion.worker.state import WorkerState
+
+from apportion import config
+
+MIB = 1024**2
+LIMIT = 1000 * MIB
+DASK = Thresholds(0.6, 0.7, 0.8, 0.95)
+
+
+def test_no_limit_means_nothing_is_ever_done() -> None:
+    assert decide(None, 10**12, 10**12, False, DASK) == Decision(0, False, False)
+
+
+def test_results_beyond_target_are_spilled_down_to_it() -> None:
+    assert decide(LIMIT, 500 * MIB, 700 * MIB, False, DASK).spill == 700 * MIB - int(0.6 * LIMIT)
+
+
+def test_process_memory_past_spill_spills_results_until_back_at_target() -> None:
+    # 750 MiB in the process, 300 of them results: spill 150 to get to 600.
+    decision = decide(LIMIT, 750 * MIB, 300 * MIB, False, DASK)
+    assert decision.spill == 750 * MIB - int(0.6 * LIMIT)
+    assert not decision.paused and not decision.terminate
+
+
+def test_only_results_can_be_spilled() -> None:
+    assert decide(LIMIT, 790 * MIB, 20 * MIB, False, DASK).spill == 20 * MIB
+
+
+def test_pause_above_the_threshold_and_resume_below() -> None:
+    assert decide(LIMIT, 810 * MIB, 0, False, DASK).paused
+    assert decide(LIMIT, 810 * MIB, 0, True, DASK).paused
+    assert not decide(LIMIT, 790 * MIB, 0, True, DASK).paused
+
+
+def test_terminate_above_its_threshold() -> None:
+    assert decide(LIMIT, 960 * MIB, 0, False, DASK).terminate
+
+
+def test_each_threshold_can_be_off() -> None:
+    off = Thresholds(None, None, None, None)
+    assert decide(LIMIT, 2 * LIMIT, LIMIT, False, off) == Decision(0, False, False)
+    # Without target, the spill threshold is also the level spilled down to.
+    only_spill = Thresholds(None, 0.7, None, None)
+    assert decide(LIMIT, 800 * MIB, 500 * MIB, False, only_spill).spill == 800 * MIB - int(
+        0.7 * LIMIT
+    )
+
+
+def test_thresholds_come_from_the_configuration() -> None:
+    assert Thresholds.from_config() == DASK
+    with config.set({"worker.memory.pause": False, "worker.memory.target": 0.5}):
+        assert Thresholds.from_config() == Thresholds(0.5, 0.7, None, 0.95)
+
+
+def test_a_threshold_outside_zero_to_one_is_refused() -> None:
+    with pytest.raises(Exception, match=r"worker\.memory\.spill.*1\.5"):
+        with config.set({"worker.memory.spill": 1.5}):
+            Thresholds.from_config()
+
+
+def test_process_memory_is_measured() -> None:
+    assert process_memory() > 10 * MIB
+
+
+# ------------------------------------------------------------------------- spilling
+def test_least_recently_used_results_are_spilled_first(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    for name in "abc":
+        store[name] = np.full(MIB, ord(name), dtype=np.uint8)
+    store["a"]  # used: now the most recent
+    assert store.evict(MIB) == MIB
+    assert list(store.slow) == ["b"]
+    assert set(store) == {"a", "b", "c"} and len(store) == 3
+    assert store.fast_bytes == 2 * MIB and store.spilled_bytes >= MIB
+
+
+def test_a_spilled_result_reads_back_equal_and_is_evicted_again_without_a_write(
+    tmp_path: Path,
+) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    array = np.arange(MIB, dtype=np.float64)
+    store["x"] = array
+    store["small"] = {"a": [1, 2, 3]}
+    store.evict(10**12)
+    assert store.fast_bytes == 0 and len(list((tmp_path / "spill").iterdir())) == 2
+    back = store["x"]
+    np.testing.assert_array_equal(back, array)
+    assert store["small"] == {"a": [1, 2, 3]}
+    assert (store.spilled_count, store.unspilled_count) == (2, 2)
+    # Read back, the files stay: evicting again writes nothing, and reads back the same.
+    assert store.evict(10**12) == size_of(array) + size_of({"a": [1, 2, 3]})
+    assert store.spilled_count == 2
+    np.testing.assert_array_equal(store["x"], array)
+    del store["x"], store["small"]
+    assert list((tmp_path / "spill").iterdir()) == []
+
+
+def test_large_buffers_go_out_of_band_not_inside_the_pickle(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    store["x"] = np.zeros(4 * MIB, dtype=np.uint8)
+    store.evict(1)
+    spilled = store.slow["x"]
+    assert spilled.buffers == (4 * MIB,) and spilled.pickle_bytes < 1024
+
+
+def test_a_released_result_frees_its_file(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    store["x"] = b"x" * MIB
+    store.evict(1)
+    del store["x"]
+    assert "x" not in store and list((tmp_path / "spill").iterdir()) == []
+    with pytest.raises(KeyError):
+        del store["x"]
+
+
+def test_a_result_that_does_not_pickle_stays_in_memory_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    store["lock"] = threading.Lock()
+    store["data"] = b"d" * 1000
+    store.evict(10**9)
+    store.evict(10**9)
+    assert "lock" in store.fast and "data" in store.slow
+    assert len([r for r in caplog.records if "cannot be spilled" in r.message]) == 1
+
+
+def test_results_of_classes_made_at_run_time_spill_too(tmp_path: Path) -> None:
+    class Point:  # not importable by name: only cloudpickle writes it
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+    store = SpillBuffer(tmp_path / "spill")
+    store["p"] = Point(3)
+    store.evict(10**9)
+    assert "p" in store.slow and store["p"].x == 3
+
+
+def test_close_removes_the_directory(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    store["x"] = b"x" * 100
+    store.evict(1)
+    store.close()
+    assert not (tmp_path / "spill").exists() and len(store) == 0
+
+
+def test_directories_of_dead_workers_are_removed_at_start(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    root = tmp_path / "apportion-spill"
+    stale = root / f"{int(dead.stdout)}-abcd"
+    alive = root / f"{os.getpid()}-ef01"
+    for directory in (stale, alive):
+        directory.mkdir(parents=True)
+        (directory / "0.pkl").write_bytes(b"x")
+    mine = new_spill_directory(str(tmp_path))
+    assert not stale.exists() and alive.exists()
+    assert mine.parent == root and mine.name.startswith(f"{os.getpid()}-")
+    assert remove_stale_directories(tmp_path / "absent") == []
+
+
+def test_the_state_machine_holds_results_in_the_spill_store(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    state = WorkerState(1, {}, "w", data=store)
+    run = state.compute({"key": "k", "run_id": 1, "func": b"", "args": b""})
+    (execute,) = run
+    value = np.ones(1000)
+    state.report_run(execute.task, True, value, pickle.dumps(value))
+    state.free_run(execute.task)
+    store.evict(10**9)
+    assert "k" in state.data
+    assert state.registration_report()["held"] == {"k": len(pickle.dumps(value))}
+    state.free_keys(["k"])
+    assert len(store) == 0 and not state.check_invariants()
+
+
+def test_paused_no_ready_task_starts_until_resumed() -> None:
+    state = WorkerState(1, {}, "w")
+    assert [type(i).__name__ for i in state.memory_pressure(True)] == ["Send"]
+    assert state.compute({"key": "k", "run_id": 1, "func": b"", "args": b""}) == []
+    assert state.memory_pressure(True) == []  # no change, nothing to say
+    resumed = state.memory_pressure(False)
+    assert resumed[0].message == {"op": "worker-status", "status": "running"}  # type: ignore[union-attr]
+    assert [type(i).__name__ for i in resumed[1:]] == ["Execute"]
+    assert not state.check_invariants()
+
+
+def test_a_spilled_result_freed_by_the_scheduler_is_not_read_back(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    state = WorkerState(1, {}, "w", data=store)
+    (execute,) = state.compute({"key": "k", "run_id": 1, "func": b"", "args": b""})
+    state.report_run(execute.task, True, np.ones(1000), b"x" * 8000)
+    state.free_run(execute.task)
+    store.evict(10**9)
+    state.free_keys(["k"])
+    assert store.unspilled_count == 0 and len(store) == 0

@@ -1,0 +1,86 @@
+"""What a worker does about its memory: pure decisions, no I/O.
+
+Fed with the process's resident memory (RSS), the bytes of results it holds in memory and
+whether it is paused, ``decide`` answers how many bytes of results to spill, whether to
+pause or resume, and whether to terminate; the worker (worker/server.py) measures and
+carries the answer out. The thresholds are fractions of the worker's memory limit, as in
+Dask (``worker.memory.*``); each may be disabled (None):
+
+- ``target``: results held in memory beyond this are spilled, least recently used first;
+- ``spill``: once the process's memory passes this, results are spilled until it is back
+  under ``target`` (memory the results do not account for counts too);
+- ``pause``: the worker starts no new task until its memory is back under this;
+- ``terminate``: the worker exits so that its supervisor restarts it (the scheduler
+  recomputes what it held).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+from apportion import config
+
+
+class Thresholds(NamedTuple):
+    """Fractions of the memory limit (None: that step is off)."""
+
+    target: float | None = 0.6
+    spill: float | None = 0.7
+    pause: float | None = 0.8
+    terminate: float | None = 0.95
+
+    @classmethod
+    def from_config(cls) -> Thresholds:
+        return cls(*(_fraction(config.get(f"worker.memory.{name}"), name) for name in cls._fields))
+
+
+def _fraction(value: Any, name: str) -> float | None:
+    if value is None or value is False:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(
+            f"worker.memory.{name} must be a fraction of the memory limit in (0, 1] or "
+            f"false, got {value!r}"
+        )
+    return float(value)
+
+
+class Decision(NamedTuple):
+    """What to do now: spill this many bytes of results, be paused or not, terminate."""
+
+    spill: int
+    paused: bool
+    terminate: bool
+
+
+def decide(
+    limit: int | None, rss: int, managed: int, paused: bool, thresholds: Thresholds
+) -> Decision:
+    """What a worker whose process uses ``rss`` bytes, ``managed`` of them its results in
+    memory, does now under ``limit`` (None: nothing, ever)."""
+    if not limit:
+        return Decision(0, False, False)
+    target, spill, pause, terminate = thresholds
+    if terminate is not None and rss >= terminate * limit:
+        return Decision(0, paused, True)
+    # The level results are spilled down to: target, else the spill threshold itself.
+    floor = target if target is not None else spill
+    to_spill = 0
+    if target is not None and managed > target * limit:
+        to_spill = managed - int(target * limit)
+    if spill is not None and floor is not None and rss >= spill * limit:
+        to_spill = max(to_spill, rss - int(floor * limit))
+    to_spill = min(to_spill, managed)  # only results can be spilled
+    now_paused = pause is not None and rss >= pause * limit
+    return Decision(to_spill, now_paused, False)
+
+
+def process_memory() -> int:
+    """This process's resident memory in bytes (Linux /proc; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            resident_pages = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")

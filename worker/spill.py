@@ -1,0 +1,281 @@
+"""The results a worker holds, in memory or spilled to its local disk.
+
+``SpillBuffer`` is the worker's result store: a mapping of key to value, as a dict would
+be, whose values may live on disk. The least recently used values are written to disk
+(``evict``) when the memory manager asks (worker/memory.py), and read back on first use,
+transparently: a reader gets the value either way.
+
+A spilled value is pickled (cloudpickle, as results may be of classes made at run time)
+with protocol 5: the buffers of numpy arrays (and bytearrays) go out of band, written to
+the file straight from their own memory (no copy into one pickle), and are read back into
+one new buffer the rebuilt value's arrays are views of. (A ``bytes`` result is copied into
+its pickle: Python pickles bytes in band.)
+A file is removed when its key is released; a value read back keeps its file (results are
+not changed in place), so that evicting it again costs no write. Each worker spills into a
+directory of its own, named after its process and removed when it stops; directories
+left by workers that died are removed by the next worker to start on the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import cloudpickle
+
+logger = logging.getLogger("apportion.worker")
+
+# Every worker's directory is under this one, named "<pid>-<random>".
+SPILL_ROOT_NAME = "apportion-spill"
+
+
+class Spilled(NamedTuple):
+    """Where a spilled value is: its file, the size of its pickle and of each of its
+    out-of-band buffers, in the order they follow the pickle in the file."""
+
+    path: str
+    pickle_bytes: int
+    buffers: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.pickle_bytes + sum(self.buffers)
+
+
+def size_of(value: Any) -> int:
+    """What ``value`` weighs in memory, cheaply: its buffer's size for arrays and bytes,
+    else Python's own size of the object."""
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(value) if not isinstance(value, memoryview) else value.nbytes
+    return sys.getsizeof(value)
+
+
+class SpillBuffer(MutableMapping[str, Any]):
+    """Results by key: the recently used in memory, the rest in files. Thread-safe."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self._lock = threading.Lock()
+        # In memory, least recently used first; with each one's weight.
+        self.fast: OrderedDict[str, Any] = OrderedDict()
+        self.weights: dict[str, int] = {}
+        self.fast_bytes = 0
+        self.slow: dict[str, Spilled] = {}
+        # The files of values read back and in memory again: still right (results are not
+        # changed in place), so evicting such a value again writes nothing.
+        self.copies: dict[str, Spilled] = {}
+        # Held in memory for good: they do not pickle (not tried again, nor logged again).
+        self.unspillable: set[str] = set()
+        self._made = False
+        # Since the start: values written out, read back, and their bytes.
+        self.spilled_count = 0
+        self.spilled_total = 0
+        self.unspilled_count = 0
+        self.unspilled_total = 0
+
+    # ------------------------------------------------------------ the mapping
+    def __getitem__(self, key: str) -> Any:
+        fast = self.fast
+        if key in fast:  # without the lock: each step is atomic, and an eviction meanwhile
+            try:  # leaves the value in slow, read below
+                fast.move_to_end(key)
+                return fast[key]
+            except KeyError:
+                pass
+        with self._lock:
+            if key in fast:
+                return fast[key]
+            spilled = self.slow[key]  # KeyError: not held
+            value = self._read(spilled)
+            # Read back: in memory again, the most recently used; its file is kept.
+            del self.slow[key]
+            self.copies[key] = spilled
+            self._keep(key, value)
+            self.unspilled_count += 1
+            self.unspilled_total += spilled.nbytes
+            return value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._discard(key)
+            self._keep(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        with self._lock:
+            if key not in self.fast and key not in self.slow:
+                raise KeyError(key)
+            self._discard(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.fast or key in self.slow
+
+    def __iter__(self) -> Iterator[str]:
+        with self._lock:
+            return iter([*self.fast, *self.slow])
+
+    def __len__(self) -> int:
+        return len(self.fast) + len(self.slow)
+
+    # ---------------------------------------------------------------- spilling
+    @property
+    def spilled_bytes(self) -> int:
+        """Bytes on disk now."""
+        return sum(spilled.nbytes for spilled in self.slow.values())
+
+    def evict(self, nbytes: int) -> int:
+        """Write the least recently used values to disk until ``nbytes`` of memory are
+        freed (or nothing is left in memory); returns the bytes freed. A value that cannot
+        be pickled stays in memory (logged once), and the next one is tried."""
+        freed = 0
+        with self._lock:
+            for key in list(self.fast):
+                if freed >= nbytes:
+                    break
+                if key not in self.unspillable:
+                    freed += self._spill(key)
+        return freed
+
+    def _spill(self, key: str) -> int:
+        copy = self.copies.pop(key, None)
+        if copy is not None:  # on disk already: only dropped from memory
+            return self._to_disk(key, copy)
+        value = self.fast[key]
+        buffers: list[pickle.PickleBuffer] = []
+        try:
+            # cloudpickle: results may be of classes defined in __main__, as task results are.
+            header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+        except Exception as exc:
+            logger.warning("result %s cannot be spilled (kept in memory): %r", key, exc)
+            self.unspillable.add(key)
+            return 0
+        path = self._path_for(key)
+        views = [buffer.raw() for buffer in buffers]
+        try:
+            with open(path, "wb") as file:
+                file.write(header)
+                for view in views:  # from the value's own memory: no copy
+                    file.write(view)
+        except OSError as exc:  # the disk is full, or gone: keep it in memory
+            logger.warning("result %s cannot be spilled to %s (kept in memory): %r", key, path, exc)
+            _remove(str(path))
+            self.fast.move_to_end(key)
+            return 0
+        spilled = Spilled(str(path), len(header), tuple(view.nbytes for view in views))
+        self.spilled_count += 1
+        self.spilled_total += self.weights[key]
+        return self._to_disk(key, spilled)
+
+    def _to_disk(self, key: str, spilled: Spilled) -> int:
+        weight = self.weights.pop(key)
+        del self.fast[key]
+        self.fast_bytes -= weight
+        self.slow[key] = spilled
+        return weight
+
+    def _read(self, spilled: Spilled) -> Any:
+        # One new buffer for the whole file: the out-of-band buffers are views of it.
+        data = bytearray(spilled.nbytes)
+        view = memoryview(data)
+        with open(spilled.path, "rb") as file:
+            got = file.readinto(view)
+        if got != spilled.nbytes:
+            raise OSError(f"spill file {spilled.path} is {got} bytes, not {spilled.nbytes}")
+        start = spilled.pickle_bytes
+        buffers = []
+        for size in spilled.buffers:
+            buffers.append(view[start : start + size])
+            start += size
+        return pickle.loads(view[: spilled.pickle_bytes], buffers=buffers)
+
+    # ---------------------------------------------------------------- internals
+    def _keep(self, key: str, value: Any) -> None:
+        weight = size_of(value)
+        self.fast[key] = value
+        self.weights[key] = weight
+        self.fast_bytes += weight
+
+    def _discard(self, key: str) -> None:
+        if key in self.fast:
+            del self.fast[key]
+            self.fast_bytes -= self.weights.pop(key)
+        self.unspillable.discard(key)
+        spilled = self.slow.pop(key, None) or self.copies.pop(key, None)
+        if spilled is not None:
+            _remove(spilled.path)
+
+    def _path_for(self, key: str) -> Path:
+        if not self._made:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._made = True
+        # Keys are free text: the file is named by a counter, the key lives in self.slow.
+        return self.directory / f"{self.spilled_count}.pkl"
+
+    def close(self) -> None:
+        """Drop every value and remove the directory (the worker stops)."""
+        with self._lock:
+            self.fast.clear()
+            self.weights.clear()
+            self.fast_bytes = 0
+            self.slow.clear()
+            self.copies.clear()
+            self.unspillable.clear()
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def spill_root(base: str | None = None) -> Path:
+    """The directory under which every worker on this host spills."""
+    return Path(base or tempfile.gettempdir()) / SPILL_ROOT_NAME
+
+
+def new_spill_directory(base: str | None = None) -> Path:
+    """A directory name of this worker's own (made on first spill), after removing the
+    directories of workers on this host that are no longer alive."""
+    root = spill_root(base)
+    remove_stale_directories(root)
+    return root / f"{os.getpid()}-{os.urandom(4).hex()}"
+
+
+def remove_stale_directories(root: Path) -> list[Path]:
+    """Remove the spill directories under ``root`` whose worker process is gone; returns
+    them. (A directory is named after its worker's process id.)"""
+    removed: list[Path] = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        pid_text = entry.name.split("-", 1)[0]
+        if not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
