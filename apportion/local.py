@@ -147,16 +147,17 @@ def port_is_free(host: str, port: int) -> bool:
 
 def worker_memory_argument(memory_limit: Any, nworkers: int = 1) -> str:
     """What ``apportion worker --memory-limit`` is given for LocalCluster's
-    ``memory_limit``, in bytes ("0": no limit, as Dask's 0). ``"auto"`` (and None) share
-    the machine's (or the container's) memory among the ``nworkers`` workers, as Dask's
-    does: each worker is a process of its own, whose own "auto" would take it all."""
+    ``memory_limit``, in bytes ("0": no limit, as Dask's 0); None: the setting
+    ``worker.memory-limit``. ``"auto"`` (the setting's default) shares the machine's (or the
+    container's) memory among the ``nworkers`` workers, as Dask's does: each worker is a
+    process of its own, whose own "auto" would take it all."""
     if isinstance(memory_limit, bool) or not isinstance(
         memory_limit, (int, float, str, type(None))
     ):
         raise TypeError(f"memory_limit must be bytes or a text such as '4GB', not {memory_limit!r}")
     if isinstance(memory_limit, (int, float)) and memory_limit < 0:
         raise ValueError(f"memory_limit must be >= 0, got {memory_limit!r}")
-    value = "auto" if memory_limit is None else memory_limit
+    value = config.get("worker.memory-limit") if memory_limit is None else memory_limit
     return str(parse_memory_limit(value, nworkers=nworkers) or 0)
 
 
@@ -176,8 +177,10 @@ class LocalCluster(Cluster):
     >>> LocalCluster(workers=[{"name": "gpu-a", "nthreads": 4, "resources": {"GPU": 2}},
     ...                       {"name": "bigmem", "resources": {"MEMORY": 100e9}}])
 
-    Dask's arguments mean what they mean there: ``memory_limit`` (per worker: bytes, or a
-    text such as "4GB" the worker parses), ``dashboard_address`` (":8787" by default, a
+    Dask's arguments mean what they mean there: ``memory_limit`` (per worker: bytes, a
+    text such as "4GB", a fraction of the machine, or "auto": the machine's memory shared
+    among the workers; None: the setting ``worker.memory-limit``, "auto" by default; 0: no
+    limit), ``dashboard_address`` (":8787" by default, a
     free port when that one is taken; None: no dashboard; ``http_port`` is the same as a
     number), ``processes`` (only True: see ``IN_PROCESS_REFUSED``), ``silence_logs``.
 
@@ -190,7 +193,7 @@ class LocalCluster(Cluster):
         n_workers: int | None = None,
         threads_per_worker: int | None = None,
         processes: bool | None = None,
-        memory_limit: str | float | None = "auto",
+        memory_limit: str | float | None = None,
         dashboard_address: str | int | _Default | None = DEFAULT,
         resources: dict[str, float] | None = None,
         workers: list[dict[str, Any]] | None = None,

@@ -19,6 +19,7 @@ import pytest
 from apportion import Client, LocalCluster, config
 from apportion.cluster_base import Cluster
 from apportion.local import DASHBOARD_PORT, usable_cpus
+from apportion.memory_limit import available_memory
 from tests.conftest import wait_until
 from tests.integration.cluster_contract import check_cluster_interface
 
@@ -69,7 +70,9 @@ def test_client_with_no_address_starts_a_local_cluster_over_every_core() -> None
 def test_client_takes_local_cluster_arguments_as_dask_does() -> None:
     with Client(n_workers=2, threads_per_worker=1, resources={"GPU": 1}) as client:
         client.wait_for_workers(2, timeout=60)
-        assert _worker_shapes(client) == [(1, {"GPU": 1}, None)] * 2
+        # Each worker's memory limit: the machine's shared between the two, as Dask's "auto".
+        share = available_memory() // 2
+        assert _worker_shapes(client) == [(1, {"GPU": 1}, share)] * 2
         process = client.cluster._scheduler_process
     assert process.wait(timeout=30) is not None
 
