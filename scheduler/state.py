@@ -166,10 +166,10 @@ class SchedulerState:
         self.recovery = Recovery(clock() + wait, wait <= 0)
         # What happened, for the dashboard and /metrics: set only where someone can look.
         self.events: EventLog | None = None
-        # Keep this object at 29 attributes or fewer (mix-ins' included): from the 30th on,
-        # CPython 3.11 keeps them in a plain dict, and every attribute read in placement
-        # gets slower (5% more instructions placing the scheduler_only workload). Settings
-        # read off the hot path go in ``settings``.
+        # Keep this object at 29 attributes or fewer: from the 30th on, CPython 3.11 keeps
+        # them in a plain dict, and every attribute read in placement gets slower (5% more
+        # instructions placing the scheduler_only workload). Settings read off the hot
+        # path go in ``settings``.
 
     # ------------------------------------------------------------- set helpers
     def _with(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
