@@ -98,7 +98,7 @@ class Secession:
         return run
 
     def adopt(self, ws: WorkerState, report: WorkerReport) -> None:
-        """A worker registering with a new scheduler (after ``SchedulerState._adopt`` booked
+        """A worker registering with a new scheduler (after ``adoption.adopt`` booked
         its runs, before it gets new work): its seceded runs stand as they did, their
         resources released or kept, and those waiting for theirs back ask again (their
         ``reacquire`` went to the scheduler that is gone). Runs adopted as stale too: they
