@@ -18,7 +18,7 @@ there ends, because its seceded ancestors hold the units, fails with
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from apportion.scheduler.adjustments import adjustments
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     from apportion.scheduler.state_view import StateView
 
 logger = logging.getLogger("apportion.scheduler")
-
-# Worker reports that end a run.
-RUN_ENDS = frozenset({"task-finished", "task-erred", "task-released", "missing-deps"})
-
 
 Message = dict[str, Any]
 
@@ -102,7 +98,7 @@ class Secession:
         return run
 
     def adopt(self, ws: WorkerState, report: WorkerReport) -> None:
-        """A worker registering with a new scheduler (after ``SchedulerState._adopt`` booked
+        """A worker registering with a new scheduler (after ``adoption.adopt`` booked
         its runs, before it gets new work): its seceded runs stand as they did, their
         resources released or kept, and those waiting for theirs back ask again (their
         ``reacquire`` went to the scheduler that is gone). Runs adopted as stale too: they
@@ -284,18 +280,3 @@ def _take(ws: WorkerState, shape: Shape) -> None:
     for name, amount in shape:
         used[name] += amount
         free[name] = total[name] - used[name] - ws.held.get(name, 0)
-
-
-def secession_handlers(secession: Secession) -> dict[str, Callable[[str, Message], None]]:
-    """The worker operations of secession, for the scheduler's network shell."""
-
-    def on_secede(address: str, message: Message) -> None:
-        secession.secede(address, message["run_id"], bool(message.get("release")))
-
-    def on_rejoin(address: str, message: Message) -> None:
-        secession.rejoin(address, message["run_id"])
-
-    def on_reacquire(address: str, message: Message) -> None:
-        secession.reacquire(address, message["run_id"])
-
-    return {"secede": on_secede, "rejoin": on_rejoin, "reacquire": on_reacquire}

@@ -9,16 +9,16 @@ import itertools
 import logging
 import socket
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from apportion.scheduler.client_ops import CLIENT_OPS
 from apportion.scheduler.coordination import Coordination
 from apportion.scheduler.liveness import CHECK_PERIOD, Liveness
 from apportion.scheduler.recovery import parse_report
-from apportion.scheduler.secession import RUN_ENDS, Secession, secession_handlers
+from apportion.scheduler.secession import Secession
 from apportion.scheduler.state import SchedulerState
-from apportion.scheduler.validation import check_key, check_run_id
+from apportion.scheduler.worker_ops import WORKER_OPS
 from tornado.ioloop import PeriodicCallback
 from tornado.netutil import bind_sockets
 
@@ -189,18 +189,6 @@ class Scheduler:
         if report is not None:
             self.secession.recovered()  # its seceded runs' subtasks may be queued now
         self.flush()
-        handlers: dict[str, Callable[[str, Message], None]] = {
-            "task-finished": self.state.handle_task_finished,
-            "task-erred": self.state.handle_task_erred,
-            "task-released": self.state.handle_task_released,
-            "task-output": self.state.handle_task_output,
-            "missing-deps": self.state.handle_missing_deps,
-            "data-acquired": self.state.handle_data_acquired,
-            "acquire-failed": self.state.handle_acquire_failed,
-            "run-result": self._on_run_result,
-            "worker-status": self.state.handle_worker_status,
-            **secession_handlers(self.secession),
-        }
         reason = "connection closed"
         expected = False
 
@@ -217,16 +205,11 @@ class Scheduler:
                     reason, expected = f"worker left: {message.get('reason')}", True
                     comm.close(reason)
                     break
-                handler = handlers.get(op)
-                if handler is None:
+                worker_op = WORKER_OPS.get(op)
+                if worker_op is None:
                     raise ProtocolError(f"unknown worker operation {op!r}")
-                if op in ("data-acquired", "acquire-failed"):
-                    check_key(message)
-                elif op not in ("run-result", "worker-status"):
-                    check_run_id(message)
-                    if op in RUN_ENDS and (self.secession.runs or self.secession.rejoined):
-                        self.secession.run_ended(address, message["run_id"])
-                handler(address, message)
+                worker_op.check(message)
+                worker_op.handle(self, address, message)
             self.flush()
 
         try:
@@ -247,7 +230,7 @@ class Scheduler:
             self.secession.worker_lost(address)
             self.state.remove_worker(address, reason, expected)
             for run in list(self._runs.values()):
-                self._on_run_result(address, {"id": run.run_id, "lost": True}, run)
+                self.on_run_result(address, {"id": run.run_id, "lost": True}, run)
             self.flush()
 
     async def _serve_client(self, comm: Comm, hello: Message) -> None:
@@ -361,7 +344,7 @@ class Scheduler:
             self.comms[address].send({"op": op, "id": run.run_id, **fields})
         self._maybe_finish_run(run)
 
-    def _on_run_result(self, address: str, message: Message, run: Any = None) -> None:
+    def on_run_result(self, address: str, message: Message, run: Any = None) -> None:
         run = run or self._runs.get(message["id"])
         if run is None or address not in run.waiting:
             return

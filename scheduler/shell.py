@@ -1,6 +1,6 @@
-"""What the client operations, the HTTP routes and ``/metrics`` use of the scheduler's
-network shell (``server.Scheduler``), as a protocol: they need not import server.py, which
-imports them."""
+"""What the client and worker operations, the HTTP routes and ``/metrics`` use of the
+scheduler's network shell (``server.Scheduler``), as a protocol: they need not import
+server.py, which imports them."""
 
 from __future__ import annotations
 
@@ -38,5 +38,7 @@ class SchedulerShell(Protocol):
     def flush(self) -> None: ...
 
     def broadcast(self, client: str, reply_id: Any, fields: Message, op: str = "run") -> None: ...
+
+    def on_run_result(self, address: str, message: Message, run: Any = None) -> None: ...
 
     async def retire_workers(self, names: list[str], count: int | None) -> dict[str, Any]: ...

@@ -15,18 +15,27 @@ import itertools
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from time import time as wall_clock
 from typing import Any, Final
 
 from apportion.scheduler.adjustments import Adjustments
-from apportion.scheduler.adoption import AdoptionMixin
+from apportion.scheduler.adoption import (
+    Recovery,
+    adopt,
+    claim,
+    drop_unclaimed,
+    end_recovery,
+    recovery_deadline,
+    release_when_recovered,
+)
 from apportion.scheduler.events import EventLog
 from apportion.scheduler.model import (
     ACTIVE,
     NOTHING,
     TRANSITIONS,
     WAITING_TO_RUN,
+    Retirement,
     TaskState,
     TaskStateName,
     WorkerState,
@@ -47,7 +56,18 @@ from apportion.scheduler.restrictions import (
     preferred_worker,
     restrict,
 )
-from apportion.scheduler.retirement import bytes_held, in_service_first
+from apportion.scheduler.retirement import (
+    acquire_failed,
+    advance_retirements,
+    bytes_held,
+    data_acquired,
+    expire_retirements,
+    forget_copy,
+    in_service_first,
+    retirement_lost,
+    retirement_problems,
+    start_retiring,
+)
 
 from apportion import config
 from apportion.errors import InvalidTransitionError, KilledWorkerError, NoValidWorkerError
@@ -78,7 +98,11 @@ _STRIDE: Final = 4
 _LEGAL: Final[dict[str, frozenset[str]]] = TRANSITIONS
 
 
-class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
+class SchedulerState:
+    """Retiring workers (retirement.py) and adopting what workers report after a restart
+    (adoption.py) are functions over this state, through the protocols there that list
+    what they use of it."""
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.tasks: dict[str, TaskState] = {}
@@ -101,7 +125,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         self._notices: dict[tuple[str, Shape], list[str]] = {}
         # One counter for submission order (seq) and run ids: both only need to increase.
         # (One attribute fewer: see the note at the end of __init__.)
-        self._seq = itertools.count(1)
+        self._seq: Iterator[int] = itertools.count(1)
         # One shared frozenset({x}) per worker or client: who_has and who_wants are
         # copy-on-write, and nearly always hold exactly one member.
         self._singletons: dict[Hashable, frozenset[Any]] = {}
@@ -130,14 +154,22 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         # Seceded runs and resources changed at runtime: None until either happens (see
         # adjustments.py), so that the hot path pays one check for them.
         self.adjusted: Adjustments | None = None
-        self._init_retirements(float(config.get("scheduler.retire-timeout")))
-        self._init_recovery(float(config.get("scheduler.recovery-wait")))
+        # Retiring workers (see retirement.py).
+        self.retire_timeout = float(config.get("scheduler.retire-timeout"))
+        self.retirements: list[Retirement] = []
+        # Workers a retirement waits for -> their results being copied off right now.
+        self.awaiting: dict[WorkerState, set[TaskState]] = {}
+        # Results being copied off retiring workers -> the worker receiving the copy.
+        self.copying: dict[TaskState, WorkerState] = {}
+        # The wait for workers and clients after a restart (see adoption.py).
+        wait = float(config.get("scheduler.recovery-wait"))
+        self.recovery = Recovery(clock() + wait, wait <= 0)
         # What happened, for the dashboard and /metrics: set only where someone can look.
         self.events: EventLog | None = None
-        # Keep this object at 29 attributes or fewer (mix-ins' included): from the 30th on,
-        # CPython 3.11 keeps them in a plain dict, and every attribute read in placement
-        # gets slower (5% more instructions placing the scheduler_only workload). Settings
-        # read off the hot path go in ``settings``.
+        # Keep this object at 29 attributes or fewer: from the 30th on, CPython 3.11 keeps
+        # them in a plain dict, and every attribute read in placement gets slower (5% more
+        # instructions placing the scheduler_only workload). Settings read off the hot
+        # path go in ``settings``.
 
     # ------------------------------------------------------------- set helpers
     def _with(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
@@ -160,7 +192,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
 
     def take_outbox(self) -> dict[str, list[Message]]:
         if self.retirements:
-            self._advance_retirements()
+            advance_retirements(self)
         if self._notices:
             self._send_notices()
         story_log = self.story_log
@@ -222,7 +254,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if ts is not None:
                 ts.who_wants = self._with(ts.who_wants, client)
                 if recover or not ts.func:
-                    self._claim(client, ts, spec)
+                    claim(self, client, ts, spec)
                     if recover and ts.state == "released" and self.recovering():
                         self.recovery.deferred.append(ts)
                         continue
@@ -402,7 +434,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 fitting.add(ws)
                 ws.fitting_shapes.add(shape)
         if report is not None:
-            self._adopt(ws, report)  # its runs and results first, before any new work
+            adopt(self, ws, report)  # its runs and results first, before any new work
             if adopted is not None:
                 adopted(ws, report)
         for shape in [s for s in self.no_worker if s in ws.fitting_shapes]:
@@ -493,7 +525,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             self._reserve(displaced)
         # 6. Retirements and copies involving it go on without it.
         if self.copying or ws in self.awaiting:
-            self._retirement_lost(ws, reason)
+            retirement_lost(self, ws, reason)
         # 7. It may be silent, not gone (frozen, or its host cut off): a worker or client
         # fetching from it would wait for ever. Its results count as lost from now on
         # (clients heard so above), so every fetch from it ends and goes to another holder
@@ -637,6 +669,32 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         if ws is not None:
             self._fill(ws)
 
+    # ------------------------------------------------- retiring and recovering
+    # (carried out by retirement.py and adoption.py)
+    def retire_workers(
+        self, requester: str, reply_id: Any, names: list[str], count: int | None = None
+    ) -> list[str]:
+        """Start retiring up to ``count`` (default: all) of the named workers; see
+        ``retirement.start_retiring``."""
+        return start_retiring(self, requester, reply_id, names, count)
+
+    def handle_data_acquired(self, address: str, msg: Message) -> None:
+        """A worker holds a copy of a result now, as asked by ``acquire-data``."""
+        data_acquired(self, address, msg)
+
+    def handle_acquire_failed(self, address: str, msg: Message) -> None:
+        """A copy off retiring workers failed: those holders stay in service."""
+        acquire_failed(self, address, msg)
+
+    def recovering(self) -> bool:
+        """Whether the wait for workers and clients after a restart is on."""
+        return self.recovery.active(self.clock())
+
+    def release_after_recovery(self, client: str, keys: list[str]) -> None:
+        """A reconnecting client's keys wanted only as lineage: released once the wait
+        ends (see ``adoption.release_when_recovered``)."""
+        release_when_recovered(self, client, keys)
+
     # ---------------------------------------------------- for the state's components
     # What the modules beside this one (secession.py, worker_resources.py, restart.py,
     # stored_arguments.py: see StateView in state_view.py) may ask of the state.
@@ -699,7 +757,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
     # ---------------------------------------------------------------- timeouts
     def next_deadline(self) -> float | None:
         deadlines = [r.deadline for r in self.retirements]
-        recovery = self.recovery_deadline()
+        recovery = recovery_deadline(self)
         if recovery is not None:
             deadlines.append(recovery)
         if self.settings.no_worker_timeout is not None and self.no_worker:
@@ -711,10 +769,10 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
 
     def check_timeouts(self) -> None:
         now = self.clock()
-        self._expire_retirements(now)
-        recovery = self.recovery_deadline()
+        expire_retirements(self, now)
+        recovery = recovery_deadline(self)
         if recovery is not None and now >= recovery:
-            self.end_recovery()
+            end_recovery(self)
         if self.settings.no_worker_timeout is None:
             return
         for shape in list(self.no_worker):
@@ -751,7 +809,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
             if ts.state != "released":
                 continue
             if not ts.func:
-                self._drop_unclaimed(ts)  # reported by a worker; no client knows its lineage
+                drop_unclaimed(self, ts)  # reported by a worker; no client knows its lineage
                 continue
             if not ts.dependencies:
                 self._make_ready(ts)
@@ -1072,7 +1130,17 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         What leaving a state takes is written once, below. (Entering one is up to the
         caller: the queue, the run.)"""
         old = ts.state
-        if new not in _LEGAL[old]:
+        # The changes nearly every task makes (legal ones) are accepted before looking in
+        # the table: the compiled build compares interned strings in a few instructions,
+        # where the lookup took 2% of a placement. A test tries every pair against it.
+        if (
+            not (
+                (old == "released" and (new == "queued" or new == "processing"))
+                or (old == "queued" and new == "processing")
+                or (old == "processing" and new == "memory")
+            )
+            and new not in _LEGAL[old]
+        ):
             raise InvalidTransitionError(ts.key, old, new)
         story_log = self.story_log
         story_log.append(ts.key)
@@ -1117,7 +1185,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 continue
             if ts.state == "memory":
                 if self.copying and ts in self.copying:
-                    self._forget_copy(ts)
+                    forget_copy(self, ts)
                 holders = ts.who_has
                 ts.who_has = NOTHING  # before _free_on, which skips holders still listed
                 for holder in holders:
@@ -1139,7 +1207,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
         """Data of a task in memory vanished: dependents not yet started must wait again."""
         self._set_state(ts, "released", "its result was lost")
         if ts in self.copying:
-            self._forget_copy(ts)
+            forget_copy(self, ts)
         for client in ts.who_wants:
             self.send(client, {"op": "task-lost", "key": ts.key})
         for dependent in ts.dependents:
@@ -1330,7 +1398,7 @@ class SchedulerState(AdoptionMixin):  # and RetirementMixin, its base
                 problems.append(f"task {ts.key} in memory nowhere")
         if self.groups is not None:
             problems.extend(self.groups.problems())
-        return problems + self._retirement_problems()
+        return problems + retirement_problems(self)
 
 
 class Settings:

@@ -321,6 +321,35 @@ def test_the_scheduler_and_the_worker_never_import_each_other(graph: list[Import
     assert not found, _report("imports between the scheduler and the worker", found)
 
 
+def _raises_not_implemented(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Raise) or node.exc is None:
+        return False
+    exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
+def test_no_stub_stands_in_for_another_class_s_method() -> None:
+    """What a module needs of a class it does not define is a Protocol that mypy checks the
+    class against (``RetirementHost``, ``AdoptionHost``, ``StateView``, ``SchedulerShell``),
+    never a method that raises NotImplementedError until a subclass fills it in."""
+    found = [
+        f"{module} (line {node.lineno})"
+        for module, path in sorted(module_files(ROOT).items())
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if _raises_not_implemented(node)
+    ]
+    assert not found, _report("stubs raising NotImplementedError", found)
+
+
+def test_the_scheduler_state_is_one_class() -> None:
+    """Its components (retirement.py, adoption.py, secession.py, ...) are functions and
+    classes over it, not bases of it: every change of a task's state is in state.py or
+    reached through a protocol that names what it uses."""
+    tree = ast.parse((ROOT / "scheduler" / "state.py").read_text())
+    (state,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SchedulerState"]
+    assert not state.bases, f"SchedulerState derives from {[ast.unparse(b) for b in state.bases]}"
+
+
 def test_nothing_is_importable_as_a_top_level_operator() -> None:
     """Python's standard library has an ``operator``: a folder or file of that name where
     the repository is on sys.path (a checkout, pytest's rootdir) would shadow it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from apportion.scheduler.model import TRANSITIONS
 
 from apportion.build_info import scheduler_compiled
 from apportion.errors import KilledWorkerError, NoValidWorkerError
@@ -961,3 +962,23 @@ def test_an_illegal_transition_is_refused_and_changes_nothing(sim: Sim) -> None:
     )
     assert ts.state == "memory"
     assert not sim.state.check_invariants()
+
+
+@pytest.mark.parametrize("old", sorted(TRANSITIONS))
+def test_exactly_the_changes_in_the_table_are_accepted(old: str) -> None:
+    """Every pair of states, so that no shortcut in _set_state lets an illegal one by."""
+    from apportion.scheduler.model import TaskState
+    from apportion.scheduler.state import SchedulerState
+
+    from apportion.errors import InvalidTransitionError
+
+    for new in sorted(TRANSITIONS):
+        ts = TaskState("t", b"f", b"a", (), 0, 0, 1)
+        ts.state = old  # type: ignore[assignment]
+        if new in TRANSITIONS[old]:
+            SchedulerState()._set_state(ts, new, "a test")  # type: ignore[arg-type]
+            assert ts.state == new
+        else:
+            with pytest.raises(InvalidTransitionError):
+                SchedulerState()._set_state(ts, new, "a test")  # type: ignore[arg-type]
+            assert ts.state == old
