@@ -247,8 +247,10 @@ class Session:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def call_soon(self, callback: Callable[..., Any], *args: Any) -> None:
-        """Call ``callback(*args)`` on the session's loop, from any thread."""
-        self.loop.call_soon_threadsafe(callback, *args)
+        """Call ``callback(*args)`` on the session's loop, from any thread (nothing once
+        the session is closed and its loop with it)."""
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(callback, *args)
 
     def in_io_thread(self) -> bool:
         return threading.current_thread() is self.thread
@@ -256,6 +258,10 @@ class Session:
     def stop_thread(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            # Its epoll, eventfd and pipes go now, not when (if ever) the loop is collected:
+            # a program making many clients would otherwise run out of descriptors.
+            self.loop.close()
 
     def check_open(self) -> None:
         """Raise unless messages can be sent (or queued, while reconnecting)."""
@@ -321,7 +327,8 @@ class Session:
             self._flush_scheduled = True
         if threading.get_ident() != self.thread.ident and self._send_from_this_thread():
             return
-        self.loop.call_soon_threadsafe(self.flush)
+        if not self.loop.is_closed():  # closed: the message has nowhere to go
+            self.loop.call_soon_threadsafe(self.flush)
 
     def release_later(self, key: str) -> None:
         """Queue a release of ``key`` in order with everything else, without waking the
