@@ -173,6 +173,13 @@ def serve(
 
     async def main() -> None:
         nonlocal code
+        # Signals are taken from before the server listens: one that comes while it starts
+        # (a launcher that saw the port open and stops it at once) stops it cleanly once it
+        # has started, instead of killing it half-started.
+        loop = asyncio.get_running_loop()
+        early: list[str] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, _note_signal, early, sig)
         try:
             server = await start()
         except Exception as exc:
@@ -182,9 +189,10 @@ def serve(
             announce_ready(ready_fd, {"error": reason})
             code = EXIT_STARTUP_FAILED
             return
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _stop_on_signal, stop, sig)
+        if early:
+            background(stop(early[0]))
         parent = os.environ.get(PARENT_PID_ENV)
         if parent:
             watch = PeriodicCallback(lambda: _exit_if_orphaned(int(parent), stop), 500)
@@ -210,8 +218,16 @@ def serve(
         os._exit(code)
 
 
+def _note_signal(early: list[str], sig: int) -> None:
+    early.append(_received(sig))
+
+
+def _received(sig: int) -> str:
+    return f"received {signal.Signals(sig).name}"
+
+
 def _stop_on_signal(stop: Callable[[str], Coroutine[Any, Any, None]], sig: int) -> None:
-    background(stop(f"received {signal.Signals(sig).name}"))
+    background(stop(_received(sig)))
 
 
 def _exit_if_orphaned(parent: int, stop: Callable[[str], Coroutine[Any, Any, None]]) -> None:
