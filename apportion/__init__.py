@@ -21,6 +21,7 @@ from apportion.errors import (
     Reschedule,
     ResourceDeadlockError,
     SchedulerConnectionError,
+    TaskTimeoutError,
 )
 from apportion.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, as_completed, futures_of, wait
 from apportion.import_hooks import after_import
@@ -65,6 +66,7 @@ __all__ = [
     "SchedulerConnectionError",
     "Semaphore",
     "TaskInfo",
+    "TaskTimeoutError",
     "Variable",
     "WorkerInfo",
     "annotate",

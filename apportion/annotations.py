@@ -11,7 +11,9 @@ from typing import Any
 
 from apportion.resources import validate
 
-KNOWN = ("resources", "priority", "retries", "placement_group", "bundle_index")
+KNOWN = ("resources", "priority", "retries", "timeout", "placement_group", "bundle_index")
+# Those a Dask graph carries too (not the placement group: the client's own).
+FORWARDED_TO_DASK = KNOWN[:4]
 
 _current: ContextVar[dict[str, Any] | None] = ContextVar("apportion_annotations", default=None)
 
@@ -28,14 +30,15 @@ def annotate(**annotations: Any) -> Iterator[None]:
         raise TypeError(f"unknown annotation(s) {unknown}; supported: {list(KNOWN)}")
     if "resources" in annotations:
         validate(annotations["resources"])
+    if "timeout" in annotations:
+        check_timeout(annotations["timeout"])
     token = _current.set({**current(), **annotations})
     try:
         if "dask" in sys.modules:
             # Dask collections built in the block carry them too (see dask_graph).
             import dask
 
-            # (Not the placement group: the client's own, no Dask graph carries it.)
-            forwarded = {k: v for k, v in annotations.items() if k in KNOWN[:3]}
+            forwarded = {k: v for k, v in annotations.items() if k in FORWARDED_TO_DASK}
             with dask.annotate(**forwarded):
                 yield
         else:
@@ -51,4 +54,15 @@ def current() -> dict[str, Any]:
     theirs = dask.get_annotations() if dask is not None else None
     if not theirs:
         return ours
-    return {**{k: v for k, v in theirs.items() if k in KNOWN[:3]}, **ours}
+    return {**{k: v for k, v in theirs.items() if k in FORWARDED_TO_DASK}, **ours}
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """A task's run timeout in seconds (None: none), or ValueError saying what is wrong."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ValueError(f"a task timeout is a number of seconds > 0, got {timeout!r}")
+    if not 0 < timeout < float("inf"):
+        raise ValueError(f"a task timeout is a number of seconds > 0, got {timeout!r}")
+    return float(timeout)

@@ -33,6 +33,7 @@ from typing import Any
 
 from apportion import actor_host, cluster_ops, config, datasets
 from apportion.aio import background
+from apportion.annotations import check_timeout
 from apportion.annotations import current as current_annotations
 from apportion.auth import token_from_environment
 from apportion.cluster_base import REPR_TIMEOUT
@@ -205,18 +206,24 @@ class Client(metaclass=_ClientType):
         placement_group: PlacementGroup | None = None,
         bundle_index: int | None = None,
         actor: bool = False,
+        task_timeout: float | None = None,
         **kwargs: Any,
     ) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker with ``resources`` free; with
         ``workers`` (names or addresses) only on one of those, or preferring them when
         ``allow_other_workers``; with ``placement_group`` in one of its bundles
         (``bundle_index``, else any that fits), out of the bundle's resources.
+        ``task_timeout``: seconds a run may take; past it the run fails with
+        ``TaskTimeoutError`` (retried if ``retries`` are left) and its worker process is
+        replaced, freeing what it held (``annotate(timeout=...)`` sets it for a block).
         ``actor=True``: ``func`` is a class, made on a worker and kept there; the result is
         a proxy of it (apportion/actors.py)."""
         if actor:
             func, args, kwargs = actor_host.create, (func, args, kwargs), {}
             pure = False
-        options = self._options(resources, retries, priority, workers, allow_other_workers)
+        options = self._options(
+            resources, retries, priority, workers, allow_other_workers, task_timeout
+        )
         options.update(self._group_options(placement_group, bundle_index))
         spec, future = self._prepare(func, args, kwargs, key, pure, options)
         if spec is not None:
@@ -236,10 +243,13 @@ class Client(metaclass=_ClientType):
         allow_other_workers: bool = False,
         placement_group: PlacementGroup | None = None,
         bundle_index: int | None = None,
+        task_timeout: float | None = None,
         **kwargs: Any,
     ) -> list[Future]:
         """Submit ``func`` over zipped iterables; one future per element."""
-        options = self._options(resources, retries, priority, workers, allow_other_workers)
+        options = self._options(
+            resources, retries, priority, workers, allow_other_workers, task_timeout
+        )
         options.update(self._group_options(placement_group, bundle_index))
         rows = list(zip(*iterables, strict=False))
         keys: list[str | None]
@@ -275,6 +285,7 @@ class Client(metaclass=_ClientType):
         priority: Any,
         workers: Any = None,
         allow_other_workers: Any = False,
+        timeout: Any = None,
     ) -> dict[str, Any]:
         annotations = current_annotations()
         resources = annotations.get("resources") if resources is None else resources
@@ -285,6 +296,9 @@ class Client(metaclass=_ClientType):
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an integer, got {priority!r}")
         options = {"resources": validate(resources), "retries": retries, "priority": priority}
+        timeout = check_timeout(annotations.get("timeout") if timeout is None else timeout)
+        if timeout is not None:
+            options["timeout"] = timeout
         if workers is not None:
             options.update(worker_restriction(workers, allow_other_workers))
         return options

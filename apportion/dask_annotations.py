@@ -11,7 +11,7 @@ Annotations = Mapping[str, Any]
 
 def merged(all_annotations: Iterable[Annotations | None]) -> Annotations | None:
     """One task's annotations from its parts': the largest demand of each resource, the
-    most retries, the highest priority."""
+    most retries, the highest priority, the longest timeout (the parts run as one task)."""
     merged: dict[str, Any] = {}
     for one in all_annotations:
         for name, value in (one or {}).items():
@@ -20,7 +20,7 @@ def merged(all_annotations: Iterable[Annotations | None]) -> Annotations | None:
                 for resource, amount in value.items():
                     resources[resource] = max(resources.get(resource, amount), amount)
                 merged["resources"] = resources
-            elif name in ("retries", "priority") and name in merged:
+            elif name in ("retries", "priority", "timeout") and name in merged:
                 merged[name] = max(merged[name], value)
             else:
                 merged[name] = value

@@ -15,7 +15,7 @@ So apportion reads them *before* optimization and checks them again after:
    annotations and fuses again only runs with equal ones, so fusion never merges tasks
    with different demands and graphs whose annotations agree keep Dask's task count.
 4. ``plan`` lists the tasks in dependency order, each with its options (resources,
-   retries, priority) validated exactly as ``Client.submit`` validates them.
+   retries, priority, timeout) validated exactly as ``Client.submit`` validates them.
 
 Everything here is pure (no I/O, no client): tested on its own.
 """
@@ -40,7 +40,7 @@ from dask._task_spec import (
     fuse_linear_task_spec,
 )
 
-from apportion.annotations import KNOWN
+from apportion.annotations import KNOWN, check_timeout
 from apportion.dask_annotations import Annotations, merged
 from apportion.resources import validate
 
@@ -58,7 +58,8 @@ def to_key(key: Key) -> str:
 
 
 class UnknownAnnotationWarning(UserWarning):
-    """An annotation key apportion does not use (it understands resources, retries, priority)."""
+    """An annotation key apportion does not use (it understands resources, retries,
+    priority, timeout)."""
 
 
 @dataclass
@@ -437,6 +438,9 @@ def task_options(annotations: Annotations) -> dict[str, Any]:
         raise TypeError(f"priority must be an integer, got {priority!r}")
     if priority:
         out["priority"] = int(priority)
+    timeout = check_timeout(annotations.get("timeout"))
+    if timeout is not None:
+        out["timeout"] = timeout
     return out
 
 

@@ -84,6 +84,11 @@ class ResourceDeadlockError(ApportionError, RuntimeError):
         return (type(self), (str(self), self.key, self.holders))
 
 
+class TaskTimeoutError(ApportionError, TimeoutError):
+    """A task's run took longer than its timeout (``task_timeout=`` or
+    ``annotate(timeout=...)``); its worker process was replaced to stop it."""
+
+
 class Reschedule(ApportionError):
     """Raised by a task to be placed again (its run ends, its resources are released)."""
 

@@ -64,6 +64,7 @@ class TaskState:
         "shape",
         "state",
         "suspicious",
+        "timeout",
         "traceback",
         "who_has",
         "who_wants",
@@ -108,6 +109,8 @@ class TaskState:
         self.traceback: str | None = None
         self.suspicious = 0
         self.no_worker_since: float | None = None
+        # Seconds a run may take before its worker fails it and is replaced (None: any).
+        self.timeout: float | None = None
 
     def __repr__(self) -> str:
         return f"<Task {self.key!r} {self.state}>"
@@ -116,6 +119,7 @@ class TaskState:
 class WorkerState:
     __slots__ = (
         "address",
+        "closing",
         "fitting_shapes",
         "free",
         "gang",
@@ -183,6 +187,8 @@ class WorkerState:
         self.memory_limit = memory_limit
         # Paused for memory (the worker said so): no new work (slots 0) until it resumes.
         self.paused = False
+        # Ending itself soon (the worker said so): no new work (slots 0), for good.
+        self.closing = False
         # The worker's latest memory report (heartbeats): rss, spilled bytes and counts.
         self.memory: dict[str, Any] = {}
         self.last_seen = 0.0

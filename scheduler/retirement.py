@@ -200,7 +200,7 @@ def _keep(state: RetirementHost, ws: WorkerState, reason: str) -> None:
     """Give up retiring ``ws``: it is back in service, and its requests say why."""
     _settle(state, ws, reason)
     ws.retiring = False
-    ws.slots = 0 if ws.paused else ws.max_slots  # paused for memory: not yet
+    ws.slots = 0 if ws.paused or ws.closing else ws.max_slots  # paused or closing: not yet
     if len(ws.processing) < ws.slots:
         state.with_slots[ws] = None
     if not ws.processing and ws.slots:
@@ -247,7 +247,7 @@ def retirement_problems(state: RetirementHost) -> list[str]:
     for ws in state.workers.values():
         if ws.retiring and (ws.slots or ws in state.with_slots):
             problems.append(f"{ws.name}: retiring yet open for work")
-        elif not ws.retiring and not ws.paused and ws.slots != ws.max_slots:
+        elif not (ws.retiring or ws.paused or ws.closing) and ws.slots != ws.max_slots:
             problems.append(f"{ws.name}: in service with {ws.slots} of {ws.max_slots} slots")
     waited = {ws for r in state.retirements for ws in r.waiting}
     if waited != set(state.awaiting):

@@ -233,7 +233,7 @@ class Secession:
 
     def _extra_slot(self, ws: WorkerState, delta: int) -> None:
         ws.max_slots += delta
-        if not ws.retiring and not ws.paused:
+        if not (ws.retiring or ws.paused or ws.closing):
             ws.slots = ws.max_slots
         if ws.address not in self.state.workers:
             return

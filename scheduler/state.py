@@ -292,6 +292,8 @@ class SchedulerState:
                 wants,
             )
             tasks[key] = ts
+            if "timeout" in spec:
+                ts.timeout = spec["timeout"]
             if refused is not None:
                 self._fail(ts, refused)
                 continue
@@ -544,10 +546,19 @@ class SchedulerState:
 
     def handle_worker_status(self, address: str, msg: Message) -> None:
         """The worker paused for memory (no new work goes there: its slots are 0) or
-        resumed (its slots are back, and it is filled)."""
+        resumed (its slots are back, and it is filled), or is closing (no new work, for good)."""
         ws = self.workers.get(address)
+        if ws is None:
+            return
+        if msg.get("status") == "closing":
+            # It ends itself soon (a run past its timeout): what is placed there meanwhile
+            # would only be lost with it.
+            logger.info("worker %s is closing: %s", ws.name, msg.get("reason", "no reason given"))
+            ws.closing = True
+            self._take_no_work(ws)
+            return
         paused = msg.get("status") == "paused"
-        if ws is None or ws.paused == paused:
+        if ws.paused == paused:
             return
         ws.paused = paused
         logger.log(
@@ -557,11 +568,9 @@ class SchedulerState:
             "paused: its memory is above its pause threshold" if paused else "resumed",
         )
         if paused:
-            ws.slots = 0
-            self.with_slots.pop(ws, None)
-            self.idle.pop(ws, None)
+            self._take_no_work(ws)
             return
-        if ws.retiring:
+        if ws.retiring or ws.closing:
             return
         ws.slots = ws.max_slots
         if len(ws.processing) < ws.slots:
@@ -569,6 +578,11 @@ class SchedulerState:
         if not ws.processing:
             self.idle[ws] = None
         self.offer_slots(ws)
+
+    def _take_no_work(self, ws: WorkerState) -> None:
+        ws.slots = 0
+        self.with_slots.pop(ws, None)
+        self.idle.pop(ws, None)
 
     def handle_task_finished(self, address: str, msg: Message) -> None:
         ws = self.workers.get(address)
@@ -940,6 +954,8 @@ class SchedulerState:
             message["priority"] = ts.priority
         if attempt > 1:  # the worker's default is 1
             message["attempt"] = attempt
+        if ts.timeout is not None:
+            message["timeout"] = ts.timeout
         self.outbox[ws.address].append(message)  # self.send, inlined on the hot path
 
     def _end_run(self, ws: WorkerState | None, run_id: int) -> TaskState | None:
@@ -1298,7 +1314,7 @@ class SchedulerState:
                     "memory_limit": ws.memory_limit,
                     "processing": len(ws.processing),
                     "retiring": ws.retiring,
-                    "status": "paused" if ws.paused else "running",
+                    "status": "closing" if ws.closing else "paused" if ws.paused else "running",
                     "memory": dict(ws.memory),
                     "in_memory": len(ws.has_what),
                     "nbytes": bytes_held(ws),
@@ -1372,8 +1388,8 @@ class SchedulerState:
                         f"{ws.name}: {name} free {ws.free[name]} != total - used - held"
                     )
             problems.extend(_reservation_problems(ws, self))
-            if ws.paused and (ws.slots or ws in self.with_slots):
-                problems.append(f"{ws.name}: paused, yet offered work ({ws.slots} slots)")
+            if (ws.paused or ws.closing) and (ws.slots or ws in self.with_slots):
+                problems.append(f"{ws.name}: paused or closing, yet given work ({ws.slots} slots)")
             if len(ws.processing) > 2 * ws.max_slots and not ws.retiring:
                 problems.append(f"{ws.name}: {len(ws.processing)} runs > 2 x {ws.slots} slots")
             priorities = {run.priority for run in ws.processing.values()}

@@ -22,6 +22,7 @@ _TASK_FIELDS = frozenset(
         "parent",  # the task that submitted it (kept in a client's lineage)
         "priority",
         "retries",
+        "timeout",  # seconds a run may take (worker/server.py enforces it)
         "workers",
         "allow_other_workers",
         "placement_group",  # the group and bundle it runs in (placement_groups.py)
@@ -100,6 +101,10 @@ def _task_problem(task: Any, seen: set[str]) -> str | None:
     retries = task.get("retries", 0)
     if not _is_int(retries) or retries < 0:
         return f"task {key!r}: 'retries' must be an int >= 0"
+    if "timeout" in task:
+        timeout = task["timeout"]
+        if type(timeout) not in (int, float) or not 0 < timeout < float("inf"):
+            return f"task {key!r}: 'timeout' must be a number of seconds > 0"
     if "workers" in task:
         workers = task["workers"]
         if not isinstance(workers, list) or not all(type(w) is str for w in workers):

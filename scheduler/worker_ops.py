@@ -70,7 +70,7 @@ def on_reacquire(server: SchedulerShell, address: str, message: Message) -> None
 
 
 # ------------------------------------------------------------------ memory
-WORKER_STATUSES = ("running", "paused")
+WORKER_STATUSES = ("running", "paused", "closing")
 
 
 def check_worker_status(message: Message) -> None:

@@ -28,6 +28,7 @@ from apportion.worker.state import (
     TellClients,
     WorkerState,
     WorkerTask,
+    erred_message,
 )
 from tornado.ioloop import PeriodicCallback
 
@@ -36,7 +37,7 @@ from apportion.aio import background
 from apportion.backoff import QuietRetries
 from apportion.core.context import TaskInfo, WorkerInfo, set_current
 from apportion.core.task_host import close_clients
-from apportion.errors import InputLoadError, Reschedule
+from apportion.errors import InputLoadError, Reschedule, TaskTimeoutError
 from apportion.logs import keep_recent_lines
 from apportion.memory_limit import format_size, parse_memory_limit
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
@@ -679,6 +680,8 @@ class Worker:
         """Runs in a task thread: returns (ok, value, pickled value or exception, traceback)."""
         context = self._task_info(task)
         task.start = output.begin(task)
+        if task.timeout is not None:
+            self._loop_call(self._arm_timeout, task)
         secession.set_running(self, task)
         try:
             value = self._call(task.func, task.args, context)
@@ -701,6 +704,34 @@ class Worker:
             secession.set_running(None, None)
             task.output = output.end()
             task.stop = time.time()
+
+    # ----------------------------------------------------------------- timeouts
+    def _arm_timeout(self, task: WorkerTask) -> None:
+        """On the event loop: the run of ``task`` is failed if it still runs when its
+        timeout (counted from the run's start) passes."""
+        assert self._loop is not None and task.timeout is not None
+        left = task.start + task.timeout - time.time()
+        self._loop.call_later(max(left, 0.0), self._run_timed_out, task)
+
+    def _run_timed_out(self, task: WorkerTask) -> None:
+        if task.stop or self.finished.is_set():
+            return  # the run ended in time (or the worker is closing anyway)
+        # A thread cannot be interrupted: the run is reported failed, then this process
+        # ends so that its supervisor starts it afresh, as ``client.cancel(force=True)``
+        # does; the scheduler reads the failure first (same connection), so the run is
+        # not placed again as lost with the worker, unless it has retries left.
+        problem = TaskTimeoutError(
+            f"task {task.key!r} ran past its timeout of {task.timeout:g} s on worker "
+            f"{self.name} (attempt {task.attempt}); its worker process was replaced to "
+            "stop it and free what it held"
+        )
+        task.stop = time.time()
+        reason = f"task {task.key!r} ran past its timeout"
+        self._send({"op": "worker-status", "status": "closing", "reason": reason})
+        self._send(erred_message(task, *dumps_exception(problem)))
+        logger.warning("task %s ran past its timeout of %g s: restarting", task.key, task.timeout)
+        self.failure = f"restarting: {reason}"
+        background(self.close("restarting"))
 
     def _share(self, task: WorkerTask, value: Any, payload: Payload) -> Any:
         """In a task thread: put a large result in shared memory, for peers on this host,

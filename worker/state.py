@@ -153,6 +153,7 @@ class WorkerTask:
         "start",
         "status",
         "stop",
+        "timeout",
         "units",
     )
 
@@ -167,6 +168,8 @@ class WorkerTask:
         self.deps: dict[str, list[str]] = message.get("deps") or {}
         self.shape: Shape = to_shape(message.get("resources"))
         self.priority: int = message.get("priority", 0)
+        # Seconds the run may take (None: any); past it the worker fails it and is replaced.
+        self.timeout: float | None = message.get("timeout")
         # Clients waiting for the result: told directly when connected here.
         self.notify: list[str] = message.get("notify") or []
         self.status: TaskStatus = "new"

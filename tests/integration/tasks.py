@@ -159,3 +159,12 @@ def logged_attempt(log: str, gate: str) -> int:
 def never_returns() -> None:
     """A task that never ends (a hung call, as a CUDA call that never returns)."""
     threading.Event().wait()
+
+
+def hangs_on_first_attempt() -> int:
+    """Never returns on its first run (a hung call); returns its attempt number after."""
+    task = get_worker().task
+    assert task is not None
+    if task.attempt == 1:
+        threading.Event().wait()
+    return task.attempt

@@ -55,10 +55,15 @@ def test_the_dashboard_example_runs_as_pasted(tmp_path: Path) -> None:
     assert lines[-1] == "['gpu-a']"
 
 
+def test_the_task_timeout_example_runs_as_pasted(tmp_path: Path) -> None:
+    done = run_example("When things go wrong", tmp_path)
+    assert done.stdout.splitlines() == ["timed out", "3"]
+
+
 # Sections of the README whose Python blocks run elsewhere: by hand (test_readme_commands),
 # Coming from Dask (test_coming_from_dask_readme), On Kubernetes (tests/k8s).
 RUN_ELSEWHERE = {"Running a cluster by hand", "Coming from Dask", "On Kubernetes"}
-RUN_HERE = {"Quick start", "Gangs", "Dask collections", "The dashboard"}
+RUN_HERE = {"Quick start", "Gangs", "Dask collections", "The dashboard", "When things go wrong"}
 
 
 def test_every_python_block_of_the_readme_is_run_by_a_test() -> None:
