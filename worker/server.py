@@ -41,7 +41,12 @@ from apportion.errors import InputLoadError, Reschedule, TaskTimeoutError
 from apportion.logs import keep_recent_lines
 from apportion.memory_limit import format_size, parse_memory_limit
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError, connect
-from apportion.protocol.comm import format_address, parse_address, welcome
+from apportion.protocol.comm import (
+    UNREACHABLE_AFTER_HEARTBEATS,
+    format_address,
+    parse_address,
+    welcome,
+)
 from apportion.protocol.rpc import ConnectionPool
 from apportion.resources import format_resources, validate
 from apportion.serialize import (
@@ -144,6 +149,7 @@ class Worker:
         self._heartbeat: PeriodicCallback | None = None
         # Why the worker stopped on its own, when it failed (no scheduler to return to).
         self.failure: str | None = None
+        self._heartbeat_interval = 1.0  # worker.heartbeat-interval, read at start
         self.readiness = readiness.Readiness()  # GET /ready: connected to the scheduler?
 
     @property
@@ -172,8 +178,8 @@ class Worker:
         stored.stores[self.address] = self.stored
         self.readiness.start(contact)
         await self._connect()
-        interval = float(config.get("worker.heartbeat-interval")) * 1000
-        self._heartbeat = PeriodicCallback(self._send_heartbeat, interval)
+        self._heartbeat_interval = float(config.get("worker.heartbeat-interval"))
+        self._heartbeat = PeriodicCallback(self._send_heartbeat, self._heartbeat_interval * 1000)
         self._heartbeat.start()
         if self.memory_limit is not None:
             threading.Thread(
@@ -283,6 +289,19 @@ class Worker:
         self.finished.set()
 
     def _send_heartbeat(self) -> None:
+        scheduler = self.scheduler
+        if scheduler is not None and not scheduler.closed:
+            # Bytes to it unacknowledged for several beats: it is unreachable (a partition,
+            # its host gone), not busy; the connection is given up and made again.
+            silent = scheduler.seconds_unanswered()
+            if silent > UNREACHABLE_AFTER_HEARTBEATS * self._heartbeat_interval:
+                logger.warning(
+                    "scheduler unreachable: nothing sent to it acknowledged for %.1fs; "
+                    "reconnecting",
+                    silent,
+                )
+                scheduler.close(f"unreachable: nothing acknowledged for {silent:.1f}s")
+                return
         if self.scheduler is not None and not self.scheduler.closed:
             with self._lock:
                 tasks = list(self.state.tasks.values())

@@ -22,7 +22,7 @@ from apportion import config
 from apportion.aio import background
 from apportion.auth import tokens_match
 from apportion.errors import ApportionError
-from apportion.protocol import tls
+from apportion.protocol import reachability, tls
 from apportion.protocol.frames import (
     HEADER_BYTES,
     MAX_FRAME_LIMIT,
@@ -341,6 +341,16 @@ class Comm(asyncio.Protocol):
     @property
     def closed(self) -> bool:
         return self._closed_reason is not None
+
+    def seconds_unanswered(self) -> float:
+        """Seconds the peer has left bytes sent to it unacknowledged: a sign that it is
+        unreachable, where a peer that only stopped reading still acknowledges (see
+        reachability.py). 0 for other than TCP."""
+        transport = self.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return 0.0
+        return reachability.seconds_unanswered(sock)
 
     def send(self, message: Message) -> None:
         if self._closed_reason is not None:
@@ -690,13 +700,13 @@ UNREACHABLE_AFTER_HEARTBEATS = 3
 
 
 def tune_tcp(sock: socket.socket) -> None:
-    """Small messages go out at once (no Nagle), and a peer that became unreachable (its
-    host vanished, a partition: no RST ever comes) ends the connection within a few
-    heartbeat intervals instead of the kernel's default of minutes.
+    """Small messages go out at once (no Nagle), and an idle connection whose peer became
+    unreachable (its host vanished, a partition: no RST ever comes) ends within a few
+    heartbeat intervals instead of the kernel's default of hours (keepalive probes).
 
-    Keepalive probes an idle connection; TCP_USER_TIMEOUT ends one whose sent bytes stay
-    unacknowledged that long. A peer that is alive but not reading (stopped, busy) still
-    acknowledges at the kernel level, so it is not cut off by this.
+    A connection with bytes in flight is judged by who sends on it periodically (see
+    reachability.py); no TCP_USER_TIMEOUT, which would also end connections to peers that
+    are alive but busy (their receive window closed for that long).
     """
     interval = float(config.get("worker.heartbeat-interval"))
     options = [
@@ -705,11 +715,6 @@ def tune_tcp(sock: socket.socket) -> None:
         (socket.IPPROTO_TCP, "TCP_KEEPIDLE", max(1, round(interval))),
         (socket.IPPROTO_TCP, "TCP_KEEPINTVL", max(1, round(interval))),
         (socket.IPPROTO_TCP, "TCP_KEEPCNT", UNREACHABLE_AFTER_HEARTBEATS),
-        (
-            socket.IPPROTO_TCP,
-            "TCP_USER_TIMEOUT",
-            max(1, round(UNREACHABLE_AFTER_HEARTBEATS * interval * 1000)),
-        ),
     ]
     for level, name, value in options:
         option = getattr(socket, name, None)  # not every platform has every option

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from apportion.protocol import Comm, CommClosedError, Message, ProtocolError
+from apportion import config
+from apportion.protocol import Comm, CommClosedError, Message, ProtocolError, reachability
 from apportion.protocol import comm as comm_module
 from apportion.protocol.comm import adopt
 from apportion.protocol.frames import HEADER, encode
@@ -270,3 +271,45 @@ def test_large_frames_are_read_straight_into_their_buffer_between_small_ones(
         assert receiver.transport.get_protocol() is receiver
 
     asyncio.run(main())
+
+
+async def _tcp_pair() -> tuple[Comm, Comm]:
+    """Two ends of a real loopback TCP connection (tuned as every connection is)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        a = socket.create_connection(server.getsockname())
+        b, _ = server.accept()
+    return await adopt(a, "a", max_frame=BIG), await adopt(b, "b", max_frame=BIG)
+
+
+def test_a_peer_that_stops_reading_for_many_heartbeats_is_not_cut_off() -> None:
+    """A busy peer (its loop blocked, a client submitting a million tasks) lets its receive
+    window close while its kernel still answers. The connection must outlive that: it did
+    not while TCP_USER_TIMEOUT (3 heartbeats) also ended connections with a closed window."""
+    interval = 0.25
+
+    async def main() -> None:
+        with config.set({"worker.heartbeat-interval": interval}):
+            sender, receiver = await _tcp_pair()
+        assert receiver.transport is not None
+        receiver.transport.pause_reading()  # the peer stops reading, as a busy one does
+        big = {"op": "big", "data": b"x" * 40_000_000}  # far more than the buffers hold
+        sender.send(big)
+        # The scenario is a peer silent for long: 4 times what 3 heartbeats last.
+        await asyncio.sleep(4 * 3 * interval)
+        assert not sender.closed
+        assert sender.seconds_unanswered() == 0  # nothing in flight: only window probes
+        receiver.transport.resume_reading()
+        (got,) = await _read(receiver, 1)
+        assert got["data"] == big["data"]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("unacked", "last_ack_ms", "expected"),
+    [(0, 90_000, 0.0), (3, 4_500, 4.5), (1, 0, 0.0)],
+)
+def test_only_bytes_in_flight_unacknowledged_count_as_unanswered(
+    unacked: int, last_ack_ms: int, expected: float
+) -> None:
+    assert reachability.unanswered_for(unacked, last_ack_ms) == expected
