@@ -109,6 +109,11 @@ class _ClientType(type):
         return super().__call__(*args, **kwargs)
 
 
+# Tasks of one map() sent per message: a huge map reaches the scheduler in pieces it can
+# start on, instead of one message it reads and handles whole before placing any.
+MAP_SUBMIT_BATCH = 10_000
+
+
 class Client(metaclass=_ClientType):
     """Connect to a scheduler: ``Client("tcp://host:8786")`` or ``Client(cluster)``;
     ``Client(..., asynchronous=True)``: an ``AsyncClient`` (see the module's docstring)."""
@@ -275,6 +280,11 @@ class Client(metaclass=_ClientType):
             futures.append(future)
             if spec is not None:
                 specs.append(spec)
+                if len(specs) == MAP_SUBMIT_BATCH:
+                    # Sent while the rest is prepared: the scheduler places the first tasks
+                    # (and workers run them) meanwhile, and less waits encoded at once.
+                    self._enqueue(specs)
+                    specs = []
         self._enqueue(specs)
         return futures
 
@@ -295,7 +305,13 @@ class Client(metaclass=_ClientType):
             raise ValueError(f"retries must be a whole number >= 0, got {retries!r}")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an integer, got {priority!r}")
-        options = {"resources": validate(resources), "retries": retries, "priority": priority}
+        # Zero retries and priority are left out: the scheduler's defaults, and every
+        # future's lineage keeps its task's message (smaller with fewer entries).
+        options: dict[str, Any] = {"resources": validate(resources)}
+        if retries:
+            options["retries"] = retries
+        if priority:
+            options["priority"] = priority
         timeout = check_timeout(annotations.get("timeout") if timeout is None else timeout)
         if timeout is not None:
             options["timeout"] = timeout
@@ -385,7 +401,7 @@ class Client(metaclass=_ClientType):
             )
         # Kept as the future's lineage: made of values the garbage collector can stop
         # tracking (a tuple of keys, no empty dict), so that the kept specs cost it nothing.
-        spec = {"key": key, "func": func_bytes, "args": args_bytes, "deps": (), **options}
+        spec = {"key": key, "func": func_bytes, "args": args_bytes, **options}
         if deps:
             spec["deps"] = tuple(deps)
         if not options["resources"]:
@@ -447,7 +463,7 @@ class Client(metaclass=_ClientType):
                     self.future_table.on_forget = self._forget_stored
                 self._stored_on[key] = holder
                 self._stored_bytes[key] = len(payload)
-            take = self._options({}, 0, options["priority"], holder)
+            take = self._options({}, 0, options.get("priority", 0), holder)
             spec, future = self._prepare(stored_argument, (key,), {}, key, True, take)
             if spec is not None:
                 self._enqueue([spec])  # before the task that depends on it

@@ -101,18 +101,20 @@ def next_reconnect_delay(delay: float, connected_for: float | None) -> float:
     return min(max(delay, FIRST_DELAY) * 2, MAX_DELAY)
 
 
-_FUNC, _ARGS, _KEY, _DEPS = map(itemgetter, ("func", "args", "key", "deps"))
+_FUNC, _ARGS, _KEY = map(itemgetter, ("func", "args", "key"))
 
 
 def submission_bytes(specs: list[Message]) -> int:
     """An upper bound on the encoded size of ``specs``: their function, argument, key and
-    dependency bytes plus a generous allowance per task for the rest (options, framing)."""
+    dependency bytes plus a generous allowance per task for the rest (options, framing).
+    A task without dependencies may leave ``deps`` out."""
+    deps = [spec["deps"] for spec in specs if "deps" in spec]
     return (
         sum(map(len, map(_FUNC, specs)))
         + sum(map(len, map(_ARGS, specs)))
         + sum(map(len, map(_KEY, specs)))
-        + sum(map(len, itertools.chain.from_iterable(map(_DEPS, specs))))
-        + sum(map(len, map(_DEPS, specs))) * 8
+        + sum(map(len, itertools.chain.from_iterable(deps)))
+        + sum(map(len, deps)) * 8
         + len(specs) * _SPEC_OVERHEAD
     )
 
