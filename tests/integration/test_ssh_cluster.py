@@ -5,6 +5,7 @@ worker are started over SSH, as on separate machines."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from apportion.ssh import SSHCluster, SSHClusterError
 from tests.conftest import wait_until
 from tests.integration.cluster_contract import check_cluster_interface
 from tests.integration.sshd import Sshd, free_port, running_sshd, sshd_missing
+from tests.integration.test_readme_commands import blocks, section
+from tests.integration.test_readme_examples import DASK_PAGE
 
 pytestmark = pytest.mark.skipif(sshd_missing() is not None, reason=str(sshd_missing()))
 
@@ -223,3 +226,25 @@ def test_apportion_ssh_says_why_it_cannot_start(sshd: Sshd, tmp_path: Path) -> N
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("apportion ssh: cannot reach 127.0.0.1 over SSH"), done.stderr
     assert "Connection refused" in last
+
+
+# ------------------------------------------------------------------- the docs' example
+def test_the_ssh_example_of_the_dask_page_runs_as_pasted(sshd: Sshd, tmp_path: Path) -> None:
+    # A home of its own: ~/.ssh holds the test's key, the server's host key and the port
+    # of "localhost", read as ssh reads them; the example itself is unchanged.
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(sshd.user_key, home / ".ssh" / "id_ed25519")
+    shutil.copy(sshd.known_hosts, home / ".ssh" / "known_hosts")
+    (home / ".ssh" / "config").write_text(f"Host localhost\n  Port {sshd.port}\n")
+    (code,) = blocks(section("On machines you reach by SSH", DASK_PAGE), "python")
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("SSH_AUTH_SOCK", None)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["localhost-0", "['localhost-0', 'localhost-1']"]
