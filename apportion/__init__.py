@@ -30,6 +30,7 @@ from apportion.performance_report import TaskStream as get_task_stream
 from apportion.performance_report import performance_report
 from apportion.placement_group import PlacementGroup
 from apportion.progress import progress
+from apportion.ssh import SSHCluster
 from apportion.worker_client import get_client, rejoin, secede, worker_client
 
 __version__ = "0.1.0"
@@ -63,6 +64,7 @@ __all__ = [
     "Queue",
     "Reschedule",
     "ResourceDeadlockError",
+    "SSHCluster",
     "SchedulerConnectionError",
     "Semaphore",
     "TaskInfo",

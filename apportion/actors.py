@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from apportion import actor_host
+from apportion.core import task_host
+from apportion.core.context import current_task_key
 from apportion.default_client import default_client
 from apportion.futures import Future
 
@@ -39,13 +41,23 @@ class Actor:
         self._address = address
         self._client: Any = None
         self._future: Future | None = None
-        try:  # a future of it keeps the object on its worker while this proxy lives
-            self._connect()
-        except ValueError:  # unpickled outside a task on a worker (a peer's copy): later
-            pass
+        # In a client's process, a future of it keeps the object on its worker while this
+        # proxy lives. In a worker's, the proxy is unpickled off the task's thread (with
+        # the task's arguments, or by a peer): it finds its client on the task's thread,
+        # at first use.
+        if not task_host.in_a_worker():
+            try:
+                self._connect()
+            except ValueError:  # no client in this process yet: at first use
+                pass
 
     def _connect(self) -> Any:
         if self._client is None:
+            if task_host.in_a_worker() and current_task_key() is None:
+                raise RuntimeError(
+                    f"actor {self._key!r} is used on a worker outside its tasks: use it "
+                    "inside a task (there the worker's client calls it)"
+                )
             self._client = default_client()
             self._future = self._client.future_table.future(self._key)
         return self._client
@@ -58,7 +70,9 @@ class Actor:
         return future
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
+        if name.startswith("_") or (task_host.in_a_worker() and current_task_key() is None):
+            # A worker's own threads look at values (their size, say) and must not call
+            # a worker from there; nor does anyone read private names remotely.
             raise AttributeError(name)
         is_method, value = self._submit(actor_host.read, self._key, name).result()
         if not is_method:

@@ -472,6 +472,106 @@ def dashboard(
     sys.exit(serve_cluster(name, namespace, port, scheduler_port, kubeconfig))
 
 
+@main.command(name="ssh")
+@click.argument("hosts", nargs=-1, required=True)
+@click.option("--nthreads", type=click.IntRange(min=1), default=None, help="Threads per worker.")
+@click.option(
+    "--nworkers", type=click.IntRange(min=0), default=1, show_default=True, help="Workers per host."
+)
+@click.option("--resources", default="", help='Resources of each worker, e.g. "GPU=2".')
+@click.option("--memory-limit", default=None, help="Memory of each worker (as apportion worker).")
+@click.option("--scheduler-port", type=click.IntRange(0, 65535), default=8786, show_default=True)
+@click.option(
+    "--dashboard-port", type=click.IntRange(0, 65535), default=8787, show_default=True,
+    help="The dashboard's port (0: any free one).",
+)  # fmt: skip
+@click.option("--ssh-username", default=None, help="User on the hosts (default: yours).")
+@click.option("--ssh-port", type=int, default=22, show_default=True)
+@click.option("--ssh-private-key", default=None, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--known-hosts", default=None, type=click.Path(exists=True, dir_okay=False),
+    help="Host keys to trust (default: ~/.ssh/known_hosts).",
+)  # fmt: skip
+@click.option(
+    "--remote-python", default=None, help="Python on the hosts (default: this one's path)."
+)
+@click.option(
+    "--token-file", type=click.Path(dir_okay=False), default=None,
+    help=f"The cluster's token (created if missing). Default: $APPORTION_TOKEN, else "
+    f"{default_token_file()}, created if missing; clients read it from there.",
+)  # fmt: skip
+def ssh(
+    hosts: tuple[str, ...],
+    nthreads: int | None,
+    nworkers: int,
+    resources: str,
+    memory_limit: str | None,
+    scheduler_port: int,
+    dashboard_port: int,
+    ssh_username: str | None,
+    ssh_port: int,
+    ssh_private_key: str | None,
+    known_hosts: str | None,
+    remote_python: str | None,
+    token_file: str | None,
+) -> None:
+    """A scheduler on the first of HOSTS and workers on the others, over SSH, until
+    Ctrl-C. Every host needs Python with apportion installed."""
+    from apportion.ssh import SSHCluster, SSHClusterError
+
+    setup_logging("WARNING")
+    try:
+        declared = parse_spec(resources)
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--resources") from None
+    if len(hosts) < 2:
+        raise click.UsageError("give at least two hosts: the first runs the scheduler")
+    try:
+        token = scheduler_token(token_file, no_auth=False)
+    except (OSError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    connect: dict[str, Any] = {"port": ssh_port}
+    if ssh_username:
+        connect["username"] = ssh_username
+    if ssh_private_key:
+        connect["client_keys"] = [ssh_private_key]
+    if known_hosts:
+        connect["known_hosts"] = known_hosts
+    worker_options: dict[str, Any] = {"nthreads": nthreads, "n_workers": nworkers}
+    worker_options["resources"] = declared
+    if memory_limit is not None:
+        worker_options["memory_limit"] = memory_limit
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        cluster = SSHCluster(
+            list(hosts),
+            connect_options=connect,
+            worker_options=worker_options,
+            scheduler_options={"port": scheduler_port, "http_port": dashboard_port},
+            remote_python=remote_python,
+            token=token,
+        )
+    except (SSHClusterError, ValueError, TypeError, TimeoutError) as exc:
+        click.echo(f"apportion ssh: {exc}", err=True)
+        sys.exit(EXIT_STARTUP_FAILED)
+    with cluster:
+        address = cluster.scheduler_address
+        click.echo(f"Scheduler at {address}")
+        click.echo(f"Dashboard: {cluster.dashboard_link.split('?')[0]}")
+        click.echo(f"Workers: {len(cluster.workers)} on {', '.join(hosts[1:])}")
+        if token_file:
+            told = f"in {token_file}; with APPORTION_TOKEN_FILE={token_file}, Client({address!r})"
+        elif os.environ.get("APPORTION_TOKEN"):
+            told = f"$APPORTION_TOKEN; with it set, Client({address!r})"
+        else:
+            told = f"in {default_token_file()}; Client({address!r})"
+        click.echo(f"Token: {told} reads it. Ctrl-C stops them all.")
+        stop.wait()
+        click.echo("apportion ssh: stopping the workers and the scheduler", err=True)
+
+
 @main.command()
 @click.option("--items", default=400, show_default=True, help="Files to load and process.")
 def demo(items: int) -> None:

@@ -16,10 +16,13 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from apportion.cluster_ops import run_on_workers
+from apportion.logs import line_count, recent_lines
 from apportion.reprs import cluster_html, cluster_text, dashboard_link, summarise
 from apportion.session import Session
 
@@ -152,6 +155,31 @@ class Cluster(ABC):
         workers staying) and let them exit; the names retired."""
         request = {"op": "retire", "names": names, "count": count, "close": True}
         return list(self._request(request, timeout=None)["retired"])
+
+    def _wait_for_workers(self, n: int, timeout: float) -> None:
+        """Return once the scheduler counts ``n`` workers in service, as scale promises
+        (a worker is ready a moment before the scheduler has registered it)."""
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            workers = self._info()["workers"].values()
+            if sum(1 for w in workers if not w.get("retiring")) == n:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the scheduler did not see {n} workers within {timeout}s")
+            time.sleep(delay)  # polling the scheduler, backing off
+            delay = min(delay * 2, 0.25)
+
+    def _server_logs(self, n: int | None, names: dict[str, str]) -> dict[str, str]:
+        """The last ``n`` log lines (None: all kept) of the scheduler (``"Scheduler"``) and
+        of each worker, by its name in ``names`` (by address), else by its address."""
+        count = line_count(n)
+        logs = {"Scheduler": "\n".join(self._request({"op": "logs", "n": count})["lines"])}
+        session = self._session()
+        lines = run_on_workers(session, session.functions.dumps(recent_lines), (count,))
+        for address, kept in sorted(lines.items()):
+            logs[names.get(address, address)] = "\n".join(kept)
+        return logs
 
     def scale(self, n: int) -> None:
         """Run ``n`` workers (adapting stops: the size is yours again)."""

@@ -23,8 +23,6 @@ from apportion import config
 from apportion.auth import TOKEN_ENV, generate_token
 from apportion.backoff import RestartBackoff
 from apportion.cluster_base import Cluster
-from apportion.cluster_ops import run_on_workers
-from apportion.logs import line_count, recent_lines
 from apportion.memory_limit import parse_memory_limit
 from apportion.process import (
     PARENT_PID_ENV,
@@ -572,21 +570,7 @@ class LocalCluster(Cluster):
         elif n < len(running):
             for name in self._retire(running, len(running) - n):
                 self._forget(name)
-        self._wait_for_scheduler_to_see(n)
-
-    def _wait_for_scheduler_to_see(self, n: int) -> None:
-        """Return once the scheduler counts ``n`` workers in service, as scale promises
-        (a worker is ready a moment before the scheduler has registered it)."""
-        deadline = time.monotonic() + self.timeout
-        delay = 0.01
-        while True:
-            workers = self._info()["workers"].values()
-            if sum(1 for w in workers if not w.get("retiring")) == n:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the scheduler did not see {n} workers within {self.timeout}s")
-            time.sleep(delay)  # polling the scheduler, backing off
-            delay = min(delay * 2, 0.25)
+        self._wait_for_workers(n, self.timeout)
 
     def _forget(self, name: str) -> None:
         """Let a retired worker's process exit and drop it from the cluster."""
@@ -611,14 +595,8 @@ class LocalCluster(Cluster):
     def get_logs(self, n: int | None = None) -> dict[str, str]:
         """The last ``n`` log lines (default: all kept) of the scheduler (``"Scheduler"``)
         and of each worker (by name), each as one text."""
-        count = line_count(n)
-        logs = {"Scheduler": "\n".join(self._request({"op": "logs", "n": count})["lines"])}
-        session = self._session()
         names = {w.address: name for name, w in self.workers.items()}
-        lines = run_on_workers(session, session.functions.dumps(recent_lines), (count,))
-        for address, kept in sorted(lines.items()):
-            logs[names.get(address, address)] = "\n".join(kept)
-        return logs
+        return self._server_logs(n, names)
 
     def _running_for_repr(self) -> str:
         """The workers running now (not those killed, retired or closed)."""

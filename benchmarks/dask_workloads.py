@@ -78,3 +78,69 @@ def dask_groupby(session: Any, sizes: Any) -> dict[str, float]:
     elapsed, result = _timed(session, _groupby, days)
     assert int(result["id"].sum()) == days * 1440, "dask_groupby: wrong answer"
     return {"dask_groupby_agg_s": elapsed}
+
+
+# ------------------------------------------------- programs of Dask's documentation
+# Four of the programs of tests/integration/test_dask_programs.py, each as a Dask user
+# writes it, through the system's own client: only the client differs between systems.
+def square(x: int) -> int:
+    return x**2
+
+
+def neg(x: int) -> int:
+    return -x
+
+
+def _array_program(client: Any) -> float:
+    """dask-examples, array.ipynb: a random array, its transpose, a slice's mean."""
+    import dask.array as da
+
+    x = da.random.RandomState(42).random_sample((2000, 2000), chunks=(250, 250))
+    (z,) = dask.compute((x + x.T)[::2, 1000:].mean(axis=1), scheduler=client.get)
+    return float(z.sum())
+
+
+def _dataframe_program(client: Any) -> float:
+    """dask-examples, dataframe.ipynb: a groupby mean over two weeks of timeseries."""
+    df = dask.datasets.timeseries(start="2000-01-01", end="2000-01-15", freq="1h", seed=1)
+    (by_name,) = dask.compute(df.groupby("name").x.mean(), scheduler=client.get)
+    return float(by_name.sum())
+
+
+def _futures_program(client: Any) -> float:
+    """dask.distributed's quickstart: map, map over the futures, submit their sum."""
+    squares = client.map(square, range(1000))
+    negated = client.map(neg, squares)
+    return float(client.submit(sum, negated).result())
+
+
+def _delayed_program(client: Any) -> float:
+    """The tutorial's delayed chapter: a tree of small additions."""
+    from operator import add
+
+    layer = [dask.delayed(square)(i) for i in range(512)]
+    while len(layer) > 1:
+        layer = [dask.delayed(add)(a, b) for a, b in zip(layer[::2], layer[1::2], strict=True)]
+    (total,) = dask.compute(layer[0], scheduler=client.get)
+    return float(total)
+
+
+PROGRAMS: dict[str, Callable[[Any], float]] = {
+    "array": _array_program,
+    "dataframe": _dataframe_program,
+    "futures": _futures_program,
+    "delayed": _delayed_program,
+}
+
+
+def dask_programs(session: Any, sizes: Any) -> dict[str, float]:
+    """Each program once untimed (imports, connections), then timed; answers checked."""
+    figures = {}
+    for name, program in PROGRAMS.items():
+        expected = program(session.client)
+        start = time.perf_counter()
+        got = program(session.client)
+        figures[f"dask_program_{name}_s"] = time.perf_counter() - start
+        assert abs(got - expected) <= 1e-9 * max(1.0, abs(expected)), f"{name}: {got} != {expected}"
+    assert figures, "no program ran"
+    return figures

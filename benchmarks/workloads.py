@@ -317,6 +317,7 @@ HOMOGENEOUS: dict[str, Callable[[Session, Sizes], dict[str, float]]] = {
     "latency": latency,
     "dask_array": dask_workloads.dask_array,
     "dask_groupby": dask_workloads.dask_groupby,
+    "dask_programs": dask_workloads.dask_programs,
 }
 # On the seed pipeline's cluster (workers with resources).
 SEED_CLUSTER: dict[str, Callable[[Session, Sizes], dict[str, float]]] = {
@@ -325,7 +326,7 @@ SEED_CLUSTER: dict[str, Callable[[Session, Sizes], dict[str, float]]] = {
     "dask_gpu": dask_workloads.dask_gpu,
 }
 # Dask collections: only on systems whose session computes them (see FuturesSession).
-DASK_WORKLOADS = ("dask_array", "dask_gpu", "dask_groupby")
+DASK_WORKLOADS = ("dask_array", "dask_gpu", "dask_groupby", "dask_programs")
 CLUSTER_WORKLOADS = ("tiny", "seed", "chain", "latency", "stream", "data", *DASK_WORKLOADS)
 ALL_WORKLOADS = (*CLUSTER_WORKLOADS, "cold_start", "scheduler")
 
@@ -352,6 +353,10 @@ METRICS: list[Metric] = [
     Metric("dask_array_reduction_s", "dask array: sum of 10,000 chunks", "s", False, None),
     Metric("dask_gpu_map_blocks_s", "dask array: GPU-annotated map_blocks", "s", False, None),
     Metric("dask_groupby_agg_s", "dask dataframe: groupby().agg()", "s", False, None),
+    Metric("dask_program_array_s", "dask program: array.ipynb", "s", False, None),
+    Metric("dask_program_dataframe_s", "dask program: dataframe groupby", "s", False, None),
+    Metric("dask_program_futures_s", "dask program: futures quickstart", "s", False, None),
+    Metric("dask_program_delayed_s", "dask program: delayed tree", "s", False, None),
     *(
         Metric(f"data_{mb}mb_{what}_mb_per_s", f"{mb} MB array: {label}", "MB/s", True, None)
         for mb in Sizes().data_mb

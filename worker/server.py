@@ -36,7 +36,7 @@ from apportion import config, shared_memory
 from apportion.aio import background
 from apportion.backoff import QuietRetries
 from apportion.core.context import TaskInfo, WorkerInfo, set_current
-from apportion.core.task_host import close_clients
+from apportion.core.task_host import close_clients, worker_started
 from apportion.errors import InputLoadError, Reschedule, TaskTimeoutError
 from apportion.logs import keep_recent_lines
 from apportion.memory_limit import format_size, parse_memory_limit
@@ -160,6 +160,7 @@ class Worker:
     # --------------------------------------------------------------- lifecycle
     async def start(self) -> Worker:
         self._loop = asyncio.get_running_loop()
+        worker_started()
         output.install()
         keep_recent_lines()
         for i in range(self.nthreads):

@@ -29,6 +29,21 @@ class TaskHost(Protocol):
 
 _host: TaskHost | None = None
 _closers: list[Callable[[], None]] = []
+# Whether a worker runs in this process (importing the worker's code is not enough: a
+# client's program may import it to look at its classes).
+_worker_started = False
+
+
+def worker_started() -> None:
+    """Called by a worker as it starts."""
+    global _worker_started
+    _worker_started = True
+
+
+def in_a_worker() -> bool:
+    """Whether this process runs a worker: its own threads (event loop, spill) then see
+    the values of tasks, which must not act on them as a client's program would."""
+    return _worker_started
 
 
 def set_task_host(host: TaskHost | None) -> None:

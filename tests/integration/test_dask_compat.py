@@ -363,13 +363,12 @@ def test_an_actor_lives_on_one_worker_and_runs_its_methods_there(client: Client)
     assert counter.increment().result(timeout=30) == 12
 
 
-@pytest.mark.xfail(
-    reason="known defect: on a worker whose task never made a client yet, the actor proxy "
-    "given as an argument is first used off the task's thread and finds no client, and the "
-    "task waits (passes when an earlier task on that worker made one)",
-    strict=False,
-)
-def test_an_actor_given_as_a_future_reaches_a_task_on_another_worker(client: Client) -> None:
-    future = client.submit(Counter, actor=True, workers=["cpu-1"])
-    task = client.submit(increment_from_a_task, future, workers=["cpu-2"], pure=False)
-    assert task.result(timeout=30) == 1
+def test_an_actor_given_as_a_future_reaches_a_task_on_another_worker() -> None:
+    # A cluster of its own: the second worker has run no task, so no client exists there
+    # when the proxy arrives with the task's arguments.
+    workers = [{"name": "cpu-1"}, {"name": "cpu-2"}]
+    with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
+        future = client.submit(Counter, actor=True, workers=["cpu-1"])
+        task = client.submit(increment_from_a_task, future, workers=["cpu-2"], pure=False)
+        assert task.result(timeout=30) == 1
+        assert future.result(timeout=30).n == 1

@@ -209,12 +209,12 @@ _CLIENT_FILES = {
     "coordination", "data", "datasets", "default_client", "lineage", "worker_client", "progress",
     "reprs", "import_hooks", "joblib_backend", "actors", "actor_host",
     "performance_report", "stored_args", "local", "cluster_base", "kubernetes", "port_forward",
-    "process",
+    "process", "ssh",
     # the client's reconnection to a restarted scheduler
     "reconnect",
     "placement_group",
 }  # fmt: skip
-_ENTRY_FILES = {"cli", "__main__", "demo", "build_info"}
+_ENTRY_FILES = {"cli", "__main__", "demo", "build_info", "ssh_remote"}
 
 # What each room may import besides itself.
 ALLOWED = {
