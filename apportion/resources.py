@@ -133,6 +133,12 @@ def format_resources(resources: Mapping[str, float]) -> str:
     return ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(resources.items())) or "-"
 
 
+def format_usage(used: Mapping[str, float], total: Mapping[str, float]) -> str:
+    """Used/total of each resource: ``"GPU 2/4, MEMORY 50e9/100e9"`` (``"-"`` for none)."""
+    names = sorted(set(total) | set(used))
+    return ", ".join(f"{k} {_fmt(used.get(k, 0))}/{_fmt(total.get(k, 0))}" for k in names) or "-"
+
+
 def _fmt(value: float) -> str:
     """Large amounts in engineering notation (``100e9``), small ones as they are."""
     if value >= 1e6:

@@ -3,8 +3,9 @@
 Each step reads and fills one ``Round`` and returns whether the round goes on::
 
     pin_image -> check_spec -> sync_worker_groups -> ensure_credentials
-    -> apply_scheduler                                                          (the spec)
-    -> observe -> decide_sizes -> retire_surplus -> decide_pods -> carry_out    (the pods)
+    -> suspend_if_asked -> apply_scheduler                                      (the spec)
+    -> observe -> idle_out -> decide_sizes -> retire_surplus -> decide_pods
+    -> carry_out                                                                (the pods)
     -> write_status
 
 ``observe`` reads the indexes and the scheduler; ``decide_*`` are pure (``autoscale``,
@@ -48,6 +49,7 @@ from apportion.operator.autoscale import observe as observe_groups
 from apportion.operator.credentials import ensure_tls, ensure_token
 from apportion.operator.events import announce_once, event, over, warn
 from apportion.operator.groups import sync
+from apportion.operator.idle import Idleness, idleness, parse_stamp, scaled_to_zero
 from apportion.operator.manifests import (
     GROUP,
     SYNCED_ANNOTATION,
@@ -69,6 +71,7 @@ from apportion.operator.status import (
     condition,
     invalid_status,
     pod_ready,
+    suspended_status,
     with_condition,
 )
 
@@ -107,6 +110,8 @@ class Round:
     connected: set[str] = field(default_factory=set)
     taken: set[str] = field(default_factory=set)  # pod names in use in the namespace
     targets_before: dict[str, int] = field(default_factory=dict)
+    # idle_out
+    idleness: Idleness | None = None
     # decide_sizes, retire_surplus
     views: list[GroupView] = field(default_factory=list)
     demand: list[Demand] = field(default_factory=list)
@@ -289,6 +294,43 @@ def ensure_credentials(r: Round) -> bool:
     return True
 
 
+def suspend_if_asked(r: Round) -> bool:
+    """A suspended cluster keeps its spec, Service and Secrets and runs no pod: the
+    scheduler's Deployment at zero replicas, every worker pod deleted. The round ends here;
+    setting suspend back to false lets the next round build the cluster again."""
+    spec, previous_phase = r.the_spec(), r.previous.get("phase")
+    if not spec.suspend:
+        if previous_phase == "Suspended":
+            event(r.body, type="Normal", reason="Resumed", message="spec.suspend is false")
+        return True
+    existing = set(r.indexes["scheduler_deployments"].get(r.key, ()))
+    deployment = scheduler_deployment(spec, r.body)
+    deployment["spec"]["replicas"] = 0
+    apply_if_changed(r.memo, deployment, existing)
+    workers = [
+        p
+        for p in r.indexes["cluster_pods"].get(r.key, ())
+        if p["metadata"]["labels"].get(COMPONENT) == "worker"
+        and not p["metadata"].get("deletionTimestamp")
+    ]
+    deleted = [
+        p["metadata"]["name"]
+        for p in workers
+        if kube.delete_pod(spec.namespace, p["metadata"]["name"])
+    ]
+    if previous_phase != "Suspended":
+        event(
+            r.body,
+            type="Normal",
+            reason="Suspended",
+            message=f"spec.suspend is true: the scheduler and {len(deleted)} worker pod(s) removed",
+        )
+    status = suspended_status(spec, r.previous, r.meta.get("generation"), now())
+    status["appliedSpec"] = r.applied
+    write_cluster_status(r, status)
+    return False
+
+
 def apply_scheduler(r: Round) -> bool:
     """The scheduler's Deployment and Service, applied when changed or missing."""
     spec = r.the_spec()
@@ -342,6 +384,51 @@ def scheduler_ip(scheduler_pods: list[Mapping[str, Any]]) -> str | None:
         if ip and pod_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
             return str(ip)
     return None
+
+
+def idle_out(r: Round) -> bool:
+    """End a cluster nobody used for ``idleTimeoutSeconds`` (see idle.py): delete it, or
+    scale every worker group to zero. Nothing is done while the spec is refused."""
+    spec = r.the_spec()
+    since = parse_stamp(r.previous.get("idleSince"))
+    r.idleness = idleness(spec.idle_timeout, r.info, since, time.time())
+    if not r.idleness.due or r.problem is not None:
+        return True
+    if spec.idle_policy == "delete":
+        event(
+            r.body,
+            type="Normal",
+            reason="IdleTimeout",
+            message=f"deleting the cluster: {r.idleness.why}",
+        )
+        kube.delete(f"{GROUP}/{VERSION}", "ResourceCluster", spec.namespace, spec.name)
+        r.memo.gone.set()
+        return False
+    groups = scaled_to_zero(r.body["spec"].get("workerGroups") or [])
+    if groups is None:
+        return True  # at zero already: stays so until someone sizes it again
+    try:
+        kube.patch(
+            f"{GROUP}/{VERSION}",
+            "ResourceCluster",
+            spec.namespace,
+            spec.name,
+            {
+                "metadata": {"resourceVersion": r.meta["resourceVersion"]},
+                "spec": {"workerGroups": groups},
+            },
+        )
+    except kube.ApiException as exc:
+        if exc.status == 409:  # changed since read (a client may be back): next round
+            return False
+        raise
+    event(
+        r.body,
+        type="Normal",
+        reason="IdleTimeout",
+        message=f"every worker group scaled to zero: {r.idleness.why}",
+    )
+    return False
 
 
 def decide_sizes(r: Round) -> bool:
@@ -512,6 +599,7 @@ def write_status(r: Round) -> bool:
         else:
             announce_once(r.memo, r.body, previous, "TLSReady", "CertificateUnusable", why)
     status["appliedSpec"] = r.applied
+    status.update((r.idleness or Idleness()).status())
     over(r.memo, "ReconcileFailed")
     report_worker_groups(spec, r.handles, status)
     if r.failures:
@@ -631,8 +719,10 @@ STEPS: tuple[Step, ...] = (
     check_spec,
     sync_worker_groups,
     ensure_credentials,
+    suspend_if_asked,
     apply_scheduler,
     observe,
+    idle_out,
     decide_sizes,
     retire_surplus,
     decide_pods,

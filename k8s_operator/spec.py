@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from apportion.operator.idle import POLICIES
+
 from apportion.resources import format_resources
 
 DEFAULT_IMAGE = "apportion:0.1.0"
@@ -93,6 +95,11 @@ class ClusterSpec:
     # A digest of the Secret's certificate, filled in by the operator once it has read the
     # Secret: pods load certificates at start, so a new one (a renewal) replaces them.
     tls_digest: str = ""
+    # Every pod removed while True; the spec is kept and resumes when set back.
+    suspend: bool = False
+    # Seconds without a client or a task after which the cluster ends (None: never), and how.
+    idle_timeout: float | None = None
+    idle_policy: str = "delete"
 
     @property
     def scheduler_service(self) -> str:
@@ -331,6 +338,7 @@ def parse(
     tls = spec.get("tls") or {}
     if tls.get("secretName") and not tls.get("enabled"):
         raise InvalidSpec("tls.secretName needs tls.enabled: true")
+    idle_timeout, idle_policy = _idle(spec)
     return ClusterSpec(
         name=name,
         namespace=namespace,
@@ -351,4 +359,24 @@ def parse(
         tls=bool(tls.get("enabled")),
         tls_secret_name=tls.get("secretName") or None,
         priority_class_name=defaults.priority_class_name,
+        suspend=bool(spec.get("suspend", False)),
+        idle_timeout=idle_timeout,
+        idle_policy=idle_policy,
     )
+
+
+def _idle(spec: Mapping[str, Any]) -> tuple[float | None, str]:
+    """(idleTimeoutSeconds or None, idlePolicy), checked as the CRD's schema does."""
+    policy = str(spec.get("idlePolicy") or "delete")
+    if policy not in POLICIES:
+        raise InvalidSpec(f"idlePolicy must be one of {', '.join(POLICIES)}, not {policy!r}")
+    raw = spec.get("idleTimeoutSeconds")
+    if raw is None:
+        return None, policy
+    try:
+        timeout = float(raw)
+    except (TypeError, ValueError):
+        raise InvalidSpec(f"idleTimeoutSeconds must be a number of seconds, not {raw!r}") from None
+    if not timeout > 0:
+        raise InvalidSpec(f"idleTimeoutSeconds must be > 0, not {timeout:g}")
+    return timeout, policy

@@ -7,15 +7,25 @@ scheduler's ``/api/v1/info`` answer (None when unreachable) and the previous sta
 
 from __future__ import annotations
 
-__all__ = ["compute_status", "condition", "invalid_status", "pod_ready", "unschedulable"]
+__all__ = [
+    "compute_status",
+    "condition",
+    "invalid_status",
+    "pod_ready",
+    "resource_totals",
+    "suspended_status",
+    "unschedulable",
+]
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apportion.operator.autoscale import Scaling
 from apportion.operator.manifests import HASH_ANNOTATION, LABEL_GROUP, group_hash
 from apportion.operator.pod_state import pod_ready, unschedulable
 from apportion.operator.spec import ClusterSpec, GroupSpec
+
+from apportion.resources import format_usage
 
 
 def condition(
@@ -59,6 +69,39 @@ def invalid_status(
             condition(previous, "Valid", False, "InvalidSpec", problem, now),
             condition(previous, "Ready", False, "InvalidSpec", "fix the spec", now),
         ],
+    }
+
+
+def suspended_status(
+    spec: ClusterSpec, previous: Mapping[str, Any], generation: int | None, now: str
+) -> dict[str, Any]:
+    """A suspended cluster: no pod runs, the spec is kept; setting suspend back resumes it."""
+    why = "spec.suspend is true: every pod is removed until it is set back to false"
+    return {
+        "phase": "Suspended",
+        "observedGeneration": generation,
+        "schedulerAddress": spec.scheduler_address,
+        "image": previous.get("image") or spec.image,
+        "workers": "0/0",
+        **resource_totals([]),
+        "conditions": [
+            condition(previous, "Valid", True, "SpecAccepted", "the spec is valid", now),
+            condition(previous, "Ready", False, "Suspended", why, now),
+        ],
+    }
+
+
+def resource_totals(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the connected workers advertise in all and what tasks hold of it, per resource
+    (``resources.total``/``resources.used``), and the two in one line for ``kubectl get``
+    (``resourcesSummary``: ``"GPU 2/4, MEMORY 50e9/100e9"``)."""
+    total = _sum(
+        [{k: v * g["connectedWorkers"] for k, v in g["resources"].items()} for g in groups]
+    )
+    used = _sum([g["usedResources"] for g in groups])
+    return {
+        "resources": {"total": total, "used": used},
+        "resourcesSummary": format_usage(used, total),
     }
 
 
@@ -179,6 +222,7 @@ def compute_status(
         "image": spec.image,  # what the pods run: kept by a cluster that names none
         "workers": f"{connected_total}/{desired}",
         "workerGroups": groups,
+        **resource_totals(groups),
         "unmetDemand": _unmet(info, scaling),
         **_last_decision(groups, previous),
         "conditions": [

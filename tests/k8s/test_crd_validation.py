@@ -315,6 +315,7 @@ def test_status_subresource_and_printer_columns(crd: Cluster, k8s_namespace: str
         "workerGroups": [{"name": "gpu", "replicas": 2, "readyReplicas": 2}],
         "unmetDemand": [],
         "observedGeneration": 1,
+        "resourcesSummary": "GPU 1/4,MEMORY 0/100e9",
     }
     crd.kubectl(
         "patch", "resourceclusters", "pipeline", "-n", k8s_namespace,
@@ -337,10 +338,12 @@ def test_status_subresource_and_printer_columns(crd: Cluster, k8s_namespace: str
 
     for name in ("resourceclusters", "resourcecluster", "rcluster", CRD_NAME):
         out = crd.kubectl("get", name, "-n", k8s_namespace).stdout.splitlines()
-        header = ["NAME", "PHASE", "WORKERS", "VALID", "SCHEDULER", "OBSERVED", "AGE"]
+        header = ["NAME", "PHASE", "WORKERS", "RESOURCES", "VALID", "SCHEDULER", "OBSERVED", "AGE"]
         assert out[0].split() == header, out
         row = out[1].split()  # VALID and OBSERVED are blank: this status has neither
-        assert row[:4] == ["pipeline", "Running", "3/3", status["schedulerAddress"]], out
+        assert row[:3] == ["pipeline", "Running", "3/3"], out
+        assert f" {status['resourcesSummary']} " in out[1], out
+        assert row[-2] == status["schedulerAddress"], out
 
 
 def test_kubectl_scale_of_a_cluster_says_to_scale_a_group(crd: Cluster, k8s_namespace: str) -> None:

@@ -214,7 +214,15 @@ _CLIENT_FILES = {
     "reconnect",
     "placement_group",
 }  # fmt: skip
-_ENTRY_FILES = {"cli", "__main__", "demo", "build_info", "ssh_remote"}
+_ENTRY_FILES = {
+    "cli",
+    "__main__",
+    "demo",
+    "build_info",
+    "ssh_remote",
+    "kubectl_plugin",
+    "kubectl_objects",
+}
 
 # What each room may import besides itself.
 ALLOWED = {

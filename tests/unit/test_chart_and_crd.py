@@ -114,10 +114,12 @@ def test_crd_printer_columns() -> None:
     assert columns == {
         "Phase": ("string", ".status.phase"),
         "Workers": ("string", ".status.workers"),
+        "Resources": ("string", ".status.resourcesSummary"),
         "Valid": ("string", '.status.conditions[?(@.type=="Valid")].status'),
         "Scheduler": ("string", ".status.schedulerAddress"),
         "Observed": ("date", ".status.lastObserved"),
         "Age": ("date", ".metadata.creationTimestamp"),
+        "Idle-Deadline": ("date", ".status.idleDeadline"),
     }
 
 
@@ -413,6 +415,8 @@ def test_template_cluster_wide() -> None:
     for verb in ("get", "list", "watch", "patch", "update"):
         assert rules_allow(rules, "apportion.dev", "resourceclusters", verb)
         assert rules_allow(rules, "apportion.dev", "resourceclusters/status", verb)
+    # An idle cluster with idlePolicy: delete is deleted by the operator.
+    assert rules_allow(rules, "apportion.dev", "resourceclusters", "delete")
     for verb in ("get", "list", "watch", "create", "delete", "patch"):
         assert rules_allow(rules, "", "pods", verb)
         assert rules_allow(rules, "", "services", verb)

@@ -655,3 +655,25 @@ def test_follow_operator_or_a_named_image_ignore_what_runs() -> None:
         parse("c", "ns", {**one_group(), **named}, pinned_defaults(named, new_default, "x")).image
         == "mine:1"
     )
+
+
+def test_idle_timeout_suspend_and_policy_are_read() -> None:
+    spec = parse(
+        "c", "ns", {"idleTimeoutSeconds": 300, "idlePolicy": "scaleToZero", "suspend": True}
+    )
+    assert (spec.idle_timeout, spec.idle_policy, spec.suspend) == (300.0, "scaleToZero", True)
+    plain = parse("c", "ns", {})
+    assert (plain.idle_timeout, plain.idle_policy, plain.suspend) == (None, "delete", False)
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ({"idlePolicy": "shrink"}, "idlePolicy must be one of delete, scaleToZero, not 'shrink'"),
+        ({"idleTimeoutSeconds": 0}, "idleTimeoutSeconds must be > 0, not 0"),
+        ({"idleTimeoutSeconds": "soon"}, "idleTimeoutSeconds must be a number of seconds"),
+    ],
+)
+def test_bad_idle_settings_are_refused_saying_why(raw: dict[str, Any], says: str) -> None:
+    with pytest.raises(InvalidSpec, match=re.escape(says)):
+        parse("c", "ns", raw)

@@ -13,6 +13,7 @@ from apportion.operator.status import (
     compute_status,
     invalid_status,
     pod_ready,
+    suspended_status,
     unschedulable,
     with_condition,
 )
@@ -762,3 +763,32 @@ def test_an_autoscaled_group_limited_by_the_nodes_says_so_until_it_grows() -> No
     grown = autoscaled({"auto": 5}, auto=(0, 10))
     later = compute_status(grown, pods, info("c-auto-0", "c-auto-1"), again, 1, T1)
     assert "limitedByNodes" not in later["workerGroups"][0]
+
+
+# --------------------------------------------------------------------------- resources, suspend
+
+
+def test_resources_total_what_connected_workers_advertise_and_used_what_tasks_hold() -> None:
+    spec = cluster(gpu=2)
+    pods = [pod("gpu", 0, ready=True), pod("gpu", 1, ready=True)]
+    status = compute_status(spec, pods, info(("c-gpu-0", {"GPU": 1}), "c-gpu-1"), {}, 1, T0)
+    assert status["resources"] == {
+        "total": {"GPU": 2, "process": 2},
+        "used": {"GPU": 1},
+    }
+    assert status["resourcesSummary"] == "GPU 1/2, process 0/2"
+
+
+def test_resources_of_a_cluster_without_workers_show_what_it_declares_at_zero() -> None:
+    status = compute_status(cluster(gpu=1), [], None, {}, 1, T0)
+    assert status["resources"] == {"total": {"GPU": 0, "process": 0}, "used": {}}
+    assert status["resourcesSummary"] == "GPU 0/0, process 0/0"
+
+
+def test_a_suspended_cluster_runs_nothing_and_says_why() -> None:
+    status = suspended_status(cluster(gpu=2), {"image": "apportion:old"}, 3, T0)
+    assert status["phase"] == "Suspended"
+    assert status["workers"] == "0/0"
+    assert status["image"] == "apportion:old"
+    ready = condition(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Suspended")

@@ -46,7 +46,7 @@ helm.sh/chart: {{ include "apportion.chart" . }}
 {{- define "apportion.namespacedRules" -}}
 - apiGroups: ["apportion.dev"]
   resources: ["resourceclusters", "resourceclusters/status"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "patch", "update", "delete"]
 - apiGroups: ["apportion.dev"]
   resources: ["resourceworkergroups", "resourceworkergroups/status"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
