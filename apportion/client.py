@@ -190,6 +190,12 @@ class Client(metaclass=_ClientType):
     def token(self) -> str | None:
         return self.session.token
 
+    @property
+    def tenant(self) -> str:
+        """The tenant this client belongs to: the one whose token it presented
+        (``scheduler.tenants``); ``"default"`` with the cluster's token (docs/sharing.md)."""
+        return self.session.tenant
+
     # ------------------------------------------------------------- submission
     def submit(
         self,
