@@ -68,7 +68,7 @@ from apportion.scheduler.retirement import (
     retirement_problems,
     start_retiring,
 )
-from apportion.scheduler.tenants import DEFAULT_TENANT, TenantShares
+from apportion.scheduler.tenants import DEFAULT_TENANT, TenantShares, tenant_of
 
 from apportion import config
 from apportion.errors import InvalidTransitionError, KilledWorkerError, NoValidWorkerError
@@ -905,6 +905,11 @@ class SchedulerState:
             self._fail(ts, NoValidWorkerError(f"task {ts.key!r} can never run: {why}"))
         else:
             self._set_state(ts, "queued", "over its tenant's quota: waits for its runs to end")
+            tenant = tenants.tenants[tenant_of(ts.shape)]
+            for client in tenants.to_tell(ts):
+                self.send(
+                    client, {"op": "over-quota", "tenant": tenant.name, "quota": tenant.quota}
+                )
 
     def _outranked_worker(self, ts: TaskState, fitting: set[WorkerState]) -> WorkerState | None:
         """A full worker whose runs waiting for a thread are less urgent than ``ts``.

@@ -176,6 +176,8 @@ class TenantShares:
             self.tenants[DEFAULT_TENANT] = Tenant(DEFAULT_TENANT, None, 1.0)
         self.clients: dict[str, str] = {}  # client id -> tenant
         self.capacity: dict[str, float] = {}
+        # (client, tenant): told that the tenant's tasks wait over its quota (to_tell).
+        self.told: set[tuple[str, str]] = set()
         # Each run charged to a tenant (by run id): the tenant and the demand it holds.
         self.charged: dict[int, tuple[Tenant, Shape]] = {}
         # Tenants with tasks over quota: looked at after each batch (see admit_waiting).
@@ -187,6 +189,7 @@ class TenantShares:
 
     def client_left(self, client: str) -> None:
         self.clients.pop(client, None)
+        self.told = {(c, t) for c, t in self.told if c != client}
 
     def shape_for(self, client: str, shape: Shape) -> Shape:
         """The shape of a task ``client`` submits with demand ``shape``."""
@@ -263,6 +266,14 @@ class TenantShares:
             return True
         tenant.over_quota[ts] = None
         return False
+
+    def to_tell(self, ts: TaskState) -> list[str]:
+        """The clients wanting ``ts`` (waiting over quota) not yet told that their tenant's
+        tasks wait over its quota: each is told once."""
+        tenant = tenant_of(ts.shape)
+        fresh = [c for c in ts.who_wants if (c, tenant) not in self.told]
+        self.told.update((c, tenant) for c in fresh)
+        return fresh
 
     def admit_waiting(self) -> list[TaskState]:
         """Tasks waiting over quota that fit their tenant's quota now (they are admitted:

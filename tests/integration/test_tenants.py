@@ -9,12 +9,15 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from apportion import Client, LocalCluster, config
+from apportion import Client, LocalCluster, QuotaWarning, config
 from tests.conftest import wait_until
 from tests.integration.tasks import hold, peak_concurrency
 
@@ -40,7 +43,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     }
     with (
         config.set({"scheduler.tenants": tenants, "scheduler.validate": True}),
-        LocalCluster(workers=GPU_WORKERS) as cluster,
+        LocalCluster(workers=GPU_WORKERS, http_port=0) as cluster,
     ):
         yield cluster
 
@@ -132,18 +135,45 @@ def test_a_tenant_arriving_late_gets_its_share_as_soon_as_a_run_ends(
     clients["big"].gather(big)
 
 
-def test_a_quota_is_never_exceeded_even_with_idle_gpus(clients: dict[str, Client]) -> None:
-    capped = [
-        clients["capped"].submit(hold, 0.1, "capped", resources={"GPU": 1}, pure=False)
-        for _ in range(8)
-    ]
-    wait_until(
-        lambda: clients["default"].scheduler_info()["tenants"]["capped"]["over_quota"],
-        what="capped's tasks waiting over quota",
-    )
+def test_a_quota_is_never_exceeded_even_with_idle_gpus_and_shows_everywhere(
+    cluster: LocalCluster, clients: dict[str, Client]
+) -> None:
+    with pytest.warns(QuotaWarning, match=r"tenant 'capped' wait: it holds its quota \(GPU=2\)"):
+        capped = [
+            clients["capped"].submit(hold, 0.3, "capped", resources={"GPU": 1}, pure=False)
+            for _ in range(8)
+        ]
+        wait_until(
+            lambda: clients["default"].scheduler_info()["tenants"]["capped"]["over_quota"],
+            what="capped's tasks waiting over quota",
+        )
+    samples = scrape(cluster, "/metrics")
+    assert "apportion_tenant_resource_quota" in samples and "apportion_tenant_share" in samples
+    assert samples["apportion_tenant_resource_used"][("GPU", "capped")] == 2
+    assert samples["apportion_tenant_waiting_tasks"][("over-quota", "capped")] > 0
+    page = scrape(cluster, "/dashboard")
+    assert "<h2>Tenants</h2>" in page and "capped" in page and "over-quota" in page
     records = clients["capped"].gather(capped)
     assert peak_concurrency(records, "tag") == {"capped": 2}  # 1 GPU each, 4 GPUs free
     assert clients["default"].check_invariants() == []  # also checked after every batch
+
+
+def scrape(cluster: LocalCluster, path: str) -> Any:
+    """The page at ``path`` (text); for /metrics, each family's samples by label values
+    (in the order of the labels' names)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{cluster.http_port}{path}",
+        headers={"Authorization": f"Bearer {cluster.token}"},
+    )
+    text = urllib.request.urlopen(request, timeout=10).read().decode()
+    if path != "/metrics":
+        return text
+    return {
+        family.name: {
+            tuple(v for _, v in sorted(s.labels.items())): s.value for s in family.samples
+        }
+        for family in text_string_to_metric_families(text)
+    }
 
 
 def test_tenants_declared_wrong_stop_the_scheduler_naming_the_setting(tmp_path: Path) -> None:
