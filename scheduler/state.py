@@ -792,6 +792,10 @@ class SchedulerState:
                 ts.no_worker_since or 0.0 for tasks in self.no_worker.values() for ts in tasks
             )
             deadlines.append(since + self.settings.no_worker_timeout)
+        if self.settings.no_worker_timeout is not None and self.groups is not None:
+            waits = self.groups.next_deadline(self.settings.no_worker_timeout)
+            if waits is not None:
+                deadlines.append(waits)
         return min(deadlines, default=None)
 
     def check_timeouts(self) -> None:
@@ -802,6 +806,8 @@ class SchedulerState:
             end_recovery(self)
         if self.settings.no_worker_timeout is None:
             return
+        if self.groups is not None:  # waits for groups no workers could host
+            self.groups.expire_waits(now, self.settings.no_worker_timeout)
         for shape in list(self.no_worker):
             expired = [
                 ts
