@@ -170,7 +170,8 @@ def dask_system() -> Iterator[tuple[Submit, Gather, Any]]:
                 ]
 
             def gather(futures: list[Any]) -> list[Span]:
-                return [tuple(s) for s in clients["a"].gather(futures)]
+                # (by the client that made them: dask gathers no other client's futures)
+                return [tuple(s) for s in futures[0].client.gather(futures)] if futures else []
 
             yield submit, gather, None
         finally:

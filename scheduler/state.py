@@ -263,6 +263,7 @@ class SchedulerState:
         shapes = self._shapes
         wants = self._with(NOTHING, client)
         seq = self._seq
+        tenants = self.settings.tenants
         urgent = 0  # any priority in this batch
         for spec in specs:
             key = spec["key"]
@@ -286,8 +287,8 @@ class SchedulerState:
             if workers:  # part of the demand (see restrictions.py)
                 shape = restrict(shape, workers, bool(spec.get("allow_other_workers")))
                 shape = shapes.setdefault(shape, shape)
-            if self.settings.tenants is not None and "placement_group" not in spec:
-                shape = self.settings.tenants.shape_for(client, shape)  # so is the tenant
+            if tenants is not None and "placement_group" not in spec:
+                shape = tenants.shape_for(client, shape)  # so is the tenant
                 shape = shapes.setdefault(shape, shape)
             refused = None
             if "placement_group" in spec:  # a task in a bundle (placement_groups.py)

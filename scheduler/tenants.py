@@ -175,6 +175,7 @@ class TenantShares:
         if DEFAULT_TENANT not in self.tenants:
             self.tenants[DEFAULT_TENANT] = Tenant(DEFAULT_TENANT, None, 1.0)
         self.clients: dict[str, str] = {}  # client id -> tenant
+        self.shapes: dict[tuple[str, Shape], Shape] = {}  # (tenant, demand) -> its shape
         self.capacity: dict[str, float] = {}
         # (client, tenant): told that the tenant's tasks wait over its quota (to_tell).
         self.told: set[tuple[str, str]] = set()
@@ -192,8 +193,13 @@ class TenantShares:
         self.told = {(c, t) for c, t in self.told if c != client}
 
     def shape_for(self, client: str, shape: Shape) -> Shape:
-        """The shape of a task ``client`` submits with demand ``shape``."""
-        return tenant_shape(shape, self.clients.get(client, DEFAULT_TENANT))
+        """The shape of a task ``client`` submits with demand ``shape`` (made once per
+        tenant and demand: tasks share it, as they share their plain shapes)."""
+        key = (self.clients.get(client, DEFAULT_TENANT), shape)
+        tagged = self.shapes.get(key)
+        if tagged is None:
+            tagged = self.shapes[key] = tenant_shape(shape, key[0])
+        return tagged
 
     # ------------------------------------------------------------- fair shares
     def rank(self, shape: Shape) -> float:

@@ -230,6 +230,36 @@ def test_quotas_hold_and_shares_converge_under_random_arrivals(
             assert sim.gpus_held()["a"] <= quota
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    weights=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    gpus=st.integers(2, 8),
+    late=st.integers(0, 10),
+)
+def test_weighted_shares_hold_within_one_task_once_the_first_runs_ended(
+    weights: tuple[int, int], gpus: int, late: int
+) -> None:
+    """Both tenants backlogged (b arriving after ``late`` of a's runs ended): once every
+    run that started before b arrived has ended, their weighted holdings never differ by
+    more than one task of the lighter tenant (what fairness between whole tasks allows)."""
+    tenants = [Tenant("a", "ta", weights[0]), Tenant("b", "tb", weights[1])]
+    sim = TenantSim(tenants, {"ca": "a", "cb": "b"})
+    gpu_workers(sim, gpus)
+    backlog(sim, "ca", 4 * gpus + late)
+    for _ in range(late):
+        sim.finish_oldest()
+    backlog(sim, "cb", 4 * gpus)
+    for ended in range(4 * gpus):
+        sim.finish_oldest()
+        info = sim.state.info()["tenants"]
+        if not (info["a"]["waiting"] and info["b"]["waiting"]):
+            break
+        if ended >= gpus:  # the runs under way when b arrived have all ended
+            held = sim.gpus_held()
+            gap = abs(held["a"] / weights[0] - held["b"] / weights[1])
+            assert gap <= 1 / min(weights) + 1e-9, (held, weights)
+
+
 # ------------------------------------------------------------------ settings
 def token_file(tmp_path: Path, name: str, token: str) -> str:
     path = tmp_path / name
