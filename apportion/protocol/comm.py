@@ -664,13 +664,14 @@ class Listener:
                 f"protocol version {hello.get('protocol')!r} is not supported; this server speaks "
                 f"version {PROTOCOL_VERSION}: use the same apportion version on both sides"
             )
-        hello.pop("tenant", None)
+        hello.pop("tenant", None)  # never the client's say
+        tenant = None
         if self.client_tokens and hello.get("role") == "client":
             offered = hello.get("token")
             for token, name in self.client_tokens.items():
                 if tokens_match(offered, token):
-                    hello["tenant"] = name
-        if self.token is not None and "tenant" not in hello:
+                    tenant = hello["tenant"] = name
+        if self.token is not None and tenant is None:
             offered = hello.get("token")
             if not tokens_match(offered, self.token):
                 what = "no" if not offered else "a wrong"

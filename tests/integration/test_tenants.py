@@ -5,6 +5,7 @@ scheduler with a clear error (workers declare GPU=... without devices)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from apportion import Client, LocalCluster, QuotaWarning, config
+from apportion.protocol import connect
 from tests.conftest import wait_until
 from tests.integration.tasks import hold, peak_concurrency
 
@@ -86,6 +88,21 @@ def test_a_client_belongs_to_the_tenant_whose_token_it_presented(
     # A tenant's client fetches a large result straight from the worker holding it.
     big = clients["small"].submit(bytes, 2**21, resources={"GPU": 1})
     assert len(big.result(timeout=60)) == 2**21
+
+
+def test_only_the_token_says_the_tenant_and_a_tenants_token_is_for_clients_only(
+    cluster: LocalCluster,
+) -> None:
+    async def hello(role: str, token: str, **info: str) -> str:
+        comm, welcome = await connect(cluster.scheduler_address, role, token, info=info)
+        comm.close()
+        return str(welcome.get("tenant"))
+
+    # A client of the cluster's token claiming a tenant is still the default tenant.
+    claimed = asyncio.run(hello("client", cluster.token, client_id="spoof", tenant="big"))
+    assert claimed == "default"
+    with pytest.raises(ConnectionRefusedError, match="authentication failed"):
+        asyncio.run(hello("worker", TOKENS["big"], name="intruder"))
 
 
 def test_freed_gpus_go_to_tenants_by_weight_while_both_wait(clients: dict[str, Client]) -> None:
