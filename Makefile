@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-compiled lint format clean k8s-bin k8s-up test-k8s bench bench-quick bench-spill profile \
+.PHONY: demo test test-compiled lint format clean k8s-bin k8s-up test-k8s bench bench-quick bench-spill bench-tenants profile \
 	system-deps typecheck image
 
 $(STAMP): pyproject.toml
@@ -114,6 +114,10 @@ $(BENCH_STAMP): $(PACKAGE_SOURCES) benchmarks/requirements.txt
 
 bench: $(BENCH_STAMP)  ## apportion vs dask.distributed vs Ray; results in benchmarks/results
 	$(BENCH_RUN) benchmarks.run $(BENCH_ARGS)
+	$(BENCH_RUN) benchmarks.tenants
+
+bench-tenants: $(BENCH_STAMP)  ## two tenants' GPU backlogs by weight, a quota (docs/sharing.md)
+	$(BENCH_RUN) benchmarks.tenants $(TENANTS_ARGS)
 
 bench-quick: $(BENCH_STAMP)
 	$(BENCH_RUN) benchmarks.run --quick $(BENCH_ARGS)

@@ -9,7 +9,7 @@
 from apportion import config
 from apportion.actors import Actor, ActorFuture
 from apportion.annotations import annotate
-from apportion.client import Client, NoWorkerWarning
+from apportion.client import Client, NoWorkerWarning, QuotaWarning
 from apportion.coordination import Event, Lock, Queue, Semaphore, Variable
 from apportion.core.context import TaskInfo, WorkerInfo, get_worker
 from apportion.data import fire_and_forget
@@ -62,6 +62,7 @@ __all__ = [
     "NoWorkerWarning",
     "PlacementGroup",
     "Queue",
+    "QuotaWarning",
     "Reschedule",
     "ResourceDeadlockError",
     "SSHCluster",

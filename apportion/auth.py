@@ -35,6 +35,13 @@ def tokens_match(offered: object, expected: str) -> bool:
     )
 
 
+def data_token(cluster_token: str) -> str:
+    """The token a client of a tenant (scheduler/tenants.py) presents to workers, to fetch
+    results from them: derived from the cluster's token, which such a client never learns
+    (the scheduler refuses this one), and accepted by every worker from clients."""
+    return hmac.new(cluster_token.encode(), b"apportion client data", "sha256").hexdigest()
+
+
 def read_token_file(path: str) -> str:
     try:
         with open(path) as handle:

@@ -164,7 +164,11 @@ def scheduler(
 
     if http_port is None:
         http_port = config.get("scheduler.http-port")
-    server = Scheduler(host, port, token=token, http_port=http_port)
+    try:
+        server = Scheduler(host, port, token=token, http_port=http_port)
+    except ConfigError as exc:  # tenants declared wrong (scheduler.tenants)
+        click.echo(f"apportion: {exc}", err=True)
+        sys.exit(EXIT_STARTUP_FAILED)
     serve(
         start=server.start,
         stop=lambda reason: _stop_scheduler(server, reason),

@@ -90,6 +90,10 @@ class NoWorkerWarning(UserWarning):
     """Tasks wait because no connected worker has the resources they demand."""
 
 
+class QuotaWarning(UserWarning):
+    """Tasks wait because their tenant holds its quota (``scheduler.tenants.<name>.quota``)."""
+
+
 # The latest client made in this process (what objects made without ``client=`` use:
 # apportion/default_client.py). Weak: being the latest is no reason to live on.
 _latest: weakref.ref[Client] | None = None
@@ -170,6 +174,7 @@ class Client(metaclass=_ClientType):
         self._warned: set[tuple] = set()
         self.session.on("no-worker", self._on_no_worker)
         self.session.on("task-output", show_task_output)
+        self.session.on("over-quota", _warn_over_quota)
         if self.asynchronous:  # connected when awaited, without blocking the caller's loop
             self.session.not_ready = "await the client before using it: client = await Client(...)"
             self._connecting = self.session.connect_in_background(timeout)
@@ -195,6 +200,12 @@ class Client(metaclass=_ClientType):
     @property
     def token(self) -> str | None:
         return self.session.token
+
+    @property
+    def tenant(self) -> str:
+        """The tenant this client belongs to: the one whose token it presented
+        (``scheduler.tenants``); ``"default"`` with the cluster's token (docs/sharing.md)."""
+        return self.session.tenant
 
     # ------------------------------------------------------------- submission
     def submit(
@@ -1069,3 +1080,14 @@ class AsyncClient(Client):
     def __del__(self) -> None:
         if hasattr(self, "id"):
             super().__del__()
+
+
+def _warn_over_quota(message: Message) -> None:
+    """The scheduler says (once per client and tenant) that tasks wait over a quota."""
+    tenant, quota = message["tenant"], format_resources(message["quota"])
+    warnings.warn(
+        f"tasks of tenant {tenant!r} wait: it holds its quota ({quota}) and they start as "
+        f"its running tasks end (scheduler.tenants.{tenant}.quota)",
+        QuotaWarning,
+        stacklevel=1,
+    )

@@ -57,7 +57,11 @@ def _split(key: str) -> list[str]:
 def _canonical(parts: list[str]) -> list[str]:
     out: list[str] = []
     for i, part in enumerate(parts):
-        keep_case = tuple(out[:2]) == _CASE_KEPT_UNDER and i == 2
+        keep_case = (tuple(out[:2]) == _CASE_KEPT_UNDER and i == 2) or (
+            # a tenant's name, and the resources of its quota
+            tuple(out[:2]) == ("scheduler", "tenants")
+            and (i == 2 or (i == 4 and out[3] == "quota"))
+        )
         out.append(part if keep_case else part.lower().replace("_", "-"))
     return out
 

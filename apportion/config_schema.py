@@ -130,6 +130,29 @@ SETTINGS: tuple[Setting, ...] = (
         "Check resource accounting after every batch of messages (slow; for tests).",
     ),
     Setting(
+        "scheduler.tenants.<name>.token-file",
+        "string",
+        None,
+        "File holding the token a tenant's clients present; a client belongs to the tenant "
+        "whose token it presented (the cluster's token: the tenant `default`, which needs "
+        "no file). Declaring any tenant turns on fair shares (docs/sharing.md).",
+        optional=True,
+    ),
+    Setting(
+        "scheduler.tenants.<name>.weight",
+        "number",
+        1,
+        "A tenant's weight: while several tenants wait, each gets resources in proportion "
+        "to its weight (weighted dominant resource fairness).",
+    ),
+    Setting(
+        "scheduler.tenants.<name>.quota",
+        "number",
+        {},
+        "The most of a resource a tenant's running tasks may hold at once "
+        "(`scheduler.tenants.<name>.quota.GPU: 2`), even while the rest is idle; none: no cap.",
+    ),
+    Setting(
         "worker.resources",
         "number",
         {},
@@ -392,13 +415,28 @@ def env_name(key: str) -> str:
 
 
 # Keys whose value is a mapping of free names (resource names) to values of the setting's kind.
-OPEN_MAPPINGS = frozenset({"worker.resources"})
+OPEN_MAPPINGS = frozenset({"worker.resources", "scheduler.tenants.<name>.quota"})
+# Keys under which each free name holds a group of the settings "<key>.<name>.<field>".
+NAMED_GROUPS = frozenset({"scheduler.tenants"})
+NAME = "<name>"
+
+
+def _in_group(key: str) -> bool:
+    return any(key.startswith(f"{group}.{NAME}.") for group in NAMED_GROUPS)
 
 
 def defaults() -> dict[str, Any]:
     """The nested mapping of every default."""
     out: dict[str, Any] = {}
+    for group in NAMED_GROUPS:  # no name declared by default
+        *parents, name = group.split(".")
+        cursor = out
+        for part in parents:
+            cursor = cursor.setdefault(part, {})
+        cursor[name] = {}
     for setting in SETTINGS:
+        if _in_group(setting.key):
+            continue
         *parents, name = setting.key.split(".")
         cursor = out
         for part in parents:
@@ -416,6 +454,8 @@ def check_tree(tree: Mapping[str, Any], source: str, prefix: str = "") -> None:
         key = f"{prefix}{name}"
         if key in OPEN_MAPPINGS:
             check_open_mapping(key, value, source)
+        elif key in NAMED_GROUPS:
+            check_named_group(key, value, source)
         elif key in BY_KEY:
             check_value(BY_KEY[key], value, source)
         elif isinstance(value, Mapping) and any(k.startswith(key + ".") for k in BY_KEY):
@@ -427,17 +467,51 @@ def check_tree(tree: Mapping[str, Any], source: str, prefix: str = "") -> None:
             raise unknown_key(key, source)
 
 
-def check_open_mapping(key: str, value: Any, source: str) -> None:
-    setting = BY_KEY[key]
+def check_named_group(key: str, value: Any, source: str) -> None:
+    """``value``: names, each to a mapping of the group's fields (``key.<name>.<field>``)."""
     if not isinstance(value, Mapping):
         raise ConfigError(
             f"configuration key {key!r} (from {source}) must be a mapping of names to "
-            f"{setting.kind}s, got {value!r}",
+            f"settings, got {value!r}",
             key,
             source=source,
         )
+    for name, fields in value.items():
+        if not isinstance(fields, Mapping):
+            raise ConfigError(
+                f"configuration key {key}.{name} (from {source}) must be a mapping of "
+                f"settings ({', '.join(_group_fields(key))}), got {fields!r}",
+                f"{key}.{name}",
+                source=source,
+            )
+        for field, setting_value in fields.items():
+            schema_key = f"{key}.{NAME}.{field}"
+            if schema_key in OPEN_MAPPINGS:
+                check_open_mapping(schema_key, setting_value, source, f"{key}.{name}.{field}")
+            elif schema_key in BY_KEY:
+                check_value(BY_KEY[schema_key], setting_value, source, f"{key}.{name}.{field}")
+            else:
+                raise unknown_key(f"{key}.{name}.{field}", source)
+
+
+def _group_fields(group: str) -> list[str]:
+    prefix = f"{group}.{NAME}."
+    return [key[len(prefix) :] for key in BY_KEY if key.startswith(prefix)]
+
+
+def check_open_mapping(key: str, value: Any, source: str, named: str | None = None) -> None:
+    """``named``: the key as written, where ``key`` is the schema's (with ``<name>``)."""
+    setting = BY_KEY[key]
+    named = named or key
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"configuration key {named!r} (from {source}) must be a mapping of names to "
+            f"{setting.kind}s, got {value!r}",
+            named,
+            source=source,
+        )
     for name, amount in value.items():
-        check_value(setting, amount, source, f"{key}.{name}")
+        check_value(setting, amount, source, f"{named}.{name}")
 
 
 def check_value(setting: Setting, value: Any, source: str, key: str | None = None) -> None:
@@ -490,7 +564,8 @@ def markdown_table() -> str:
     """The README's settings table."""
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for s in SETTINGS:
-        key = f"{s.key}.<name>" if s.key in OPEN_MAPPINGS else s.key
+        placeholder = "<resource>" if _in_group(s.key) else "<name>"
+        key = f"{s.key}.{placeholder}" if s.key in OPEN_MAPPINGS else s.key
         default = "{}" if s.key in OPEN_MAPPINGS else repr(s.default)
         meaning = f"{s.meaning} Also read from `{s.legacy_env}`." if s.legacy_env else s.meaning
         rows.append(f"| `{key}` | {s.describe_type()} | `{default}` | {meaning} |")

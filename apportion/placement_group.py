@@ -49,7 +49,9 @@ class PlacementGroup:
         """Wait until every bundle is reserved; returns the group.
 
         Raises ``NoValidWorkerError`` (with the reason) if, when ``timeout`` seconds pass,
-        no set of the connected workers could ever host the group, else ``TimeoutError``.
+        no set of the connected workers could ever host the group, else ``TimeoutError``;
+        also, whatever ``timeout``, once the group has waited ``scheduler.no-worker-timeout``
+        seconds (if set) and no set of the connected workers could host it.
         """
         try:
             reply = self._session.request(
@@ -104,6 +106,8 @@ class PlacementGroup:
 
 def _answer(reply: dict[str, Any]) -> dict[str, Any]:
     if "error" in reply:
+        if reply.get("kind") == "NoValidWorkerError":  # waited scheduler.no-worker-timeout
+            raise NoValidWorkerError(reply["error"])
         raise ValueError(reply["error"])
     return reply
 

@@ -159,6 +159,7 @@ class Session:
         # A cluster object (KubeCluster): asked for the scheduler's address on reconnects.
         self.cluster = cluster
         self.id: str | None = None  # given by the scheduler when connected
+        self.tenant = "default"  # which tenant the scheduler took it for (see _connect)
         # Guards the outgoing queue; the client's tables share it (a release is queued in
         # order with the state it drops). Reentrant: a Future's __del__ (which takes it)
         # may run in garbage collection triggered while this thread holds it.
@@ -215,12 +216,15 @@ class Session:
         self._use(self._comm)
         self._comm.allow_thread_writes()
         client_id = str(welcome["client_id"])
+        # The tenant whose token this client presented (the cluster's: "default").
+        self.tenant = str(welcome.get("tenant", "default"))
         # Set while connected: requests made while reconnecting wait for it.
         self._connected = asyncio.Event()
         self._connected.set()
         self.workers = ConnectionPool(
             "client",
-            self.token,
+            # A tenant's client presents the token the scheduler gave it for workers.
+            welcome.get("worker_token") or self.token,
             info={"client_id": client_id},
             on_push=self._pushed,
             on_closed=self._on_worker_connection_closed,

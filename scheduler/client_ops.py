@@ -272,7 +272,11 @@ def on_placement_group_ready(
 ) -> None:
     """Answered once the group is ready (``wait``, the default), or at once with its state."""
     server.state.placement_groups().wait_ready(
-        client, message["group"], message["id"], bool(message.get("wait", True))
+        client,
+        message["group"],
+        message["id"],
+        bool(message.get("wait", True)),
+        server.state.clock(),
     )
 
 

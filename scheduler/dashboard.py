@@ -47,7 +47,16 @@ RENDER_BUDGET = 0.002
 
 WAITING_STATES = frozenset({"released", "waiting", "queued", "no-worker"})
 TEMPLATES = tornado.template.Loader(str(Path(__file__).with_name("templates")))
-SECTIONS = ("summary", "kubernetes", "workers", "waiting", "progress", "stream", "events")
+SECTIONS = (
+    "summary",
+    "kubernetes",
+    "workers",
+    "tenants",
+    "waiting",
+    "progress",
+    "stream",
+    "events",
+)
 
 
 @dataclass
@@ -208,9 +217,10 @@ def view(state: SchedulerState, events: EventLog | None, address: str) -> dict[s
         if task_state == "queued":
             queued_by_shape[shape] += n
     queued = [
-        {"resources": format_resources(dict(shape)), "tasks": n}
+        {"resources": format_resources(dict(shape)), "tasks": n, **_tenant(shape)}
         for shape, n in sorted(queued_by_shape.items())
     ]
+    tenants = state.settings.tenants
     no_worker = [
         {
             "resources": format_resources(dict(shape)),
@@ -232,6 +242,7 @@ def view(state: SchedulerState, events: EventLog | None, address: str) -> dict[s
         "tasks": len(state.tasks),
         "queued": queued,
         "no_worker": no_worker,
+        "tenants": [] if tenants is None else tenant_rows(tenants.info(state.ready.counts())),
         "progress": progress(state, events, counted),
         "runs": runs,
         "stream_seconds": STREAM_SECONDS,
@@ -239,6 +250,30 @@ def view(state: SchedulerState, events: EventLog | None, address: str) -> dict[s
         "recorded": events.recorded if events is not None else 0,
         "cluster": events.cluster if events is not None else None,
     }
+
+
+def _tenant(shape: Any) -> dict[str, str]:
+    """The tenant of a waiting demand, where tenants are declared (scheduler/tenants.py)."""
+    tenant = getattr(shape, "tenant", "")
+    return {"tenant": tenant} if tenant else {}
+
+
+def tenant_rows(tenants: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per tenant: weight, share of the cluster, what it holds against its quota,
+    and its tasks waiting (over quota among them)."""
+    return [
+        {
+            "name": name,
+            "weight": _amount(t["weight"]),
+            "share": f"{100 * t['share']:.0f}%",
+            "used": format_resources(t["used"]) or "nothing",
+            "quota": format_resources(t["quota"]) or "none",
+            "runs": t["runs"],
+            "waiting": t["waiting"],
+            "over_quota": t["over_quota"],
+        }
+        for name, t in sorted(tenants.items())
+    ]
 
 
 def render_sections(data: dict[str, Any]) -> dict[str, str]:

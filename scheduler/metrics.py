@@ -8,7 +8,7 @@ log, folded into histograms at scrape time.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -124,11 +124,20 @@ class SchedulerCollector(Collector):
             "worker) or no-worker (no connected worker could ever run them)",
             labels=["reason", "resources"],
         )
-        for shape, count in state.ready.counts().items():
-            waiting.add_metric(["queued", format_resources(dict(shape))], count)
+        # Summed by demand: with tenants (or restrictions) several shapes share one demand.
+        counts: dict[tuple[str, str], int] = {}
+        queued = state.ready.counts()
+        for shape, count in queued.items():
+            label = ("queued", format_resources(dict(shape)))
+            counts[label] = counts.get(label, 0) + count
         for shape, waiters in state.no_worker.items():
-            waiting.add_metric(["no-worker", format_resources(dict(shape))], len(waiters))
+            label = ("no-worker", format_resources(dict(shape)))
+            counts[label] = counts.get(label, 0) + len(waiters)
+        for label, count in counts.items():
+            waiting.add_metric(list(label), count)
         yield waiting
+        if state.settings.tenants is not None:
+            yield from _tenant_metrics(state.settings.tenants.info(queued))
 
         connections = GaugeMetricFamily(
             "apportion_connections", "Connected clients and workers", labels=["role"]
@@ -159,6 +168,45 @@ class SchedulerCollector(Collector):
             "Dependencies workers fetched from other workers for the runs they reported",
             value=events.transfers,
         )
+
+
+def _tenant_metrics(tenants: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    """Per tenant (scheduler/tenants.py): what its runs hold, its quota, weight and share,
+    and its tasks waiting (queued, or over its quota)."""
+    used = GaugeMetricFamily(
+        "apportion_tenant_resource_used",
+        "Amount of a resource held by a tenant's running tasks",
+        labels=["tenant", "resource"],
+    )
+    quota = GaugeMetricFamily(
+        "apportion_tenant_resource_quota",
+        "The most of a resource a tenant's running tasks may hold at once",
+        labels=["tenant", "resource"],
+    )
+    weight = GaugeMetricFamily(
+        "apportion_tenant_weight", "A tenant's weight in fair shares", labels=["tenant"]
+    )
+    share = GaugeMetricFamily(
+        "apportion_tenant_share",
+        "A tenant's dominant share: the largest fraction it holds of any resource (runs "
+        "count as threads)",
+        labels=["tenant"],
+    )
+    waiting = GaugeMetricFamily(
+        "apportion_tenant_waiting_tasks",
+        "A tenant's tasks waiting to start: queued (for free resources) or over-quota",
+        labels=["tenant", "reason"],
+    )
+    for name, tenant in sorted(tenants.items()):
+        for resource, amount in tenant["used"].items():
+            used.add_metric([name, resource], amount)
+        for resource, amount in tenant["quota"].items():
+            quota.add_metric([name, resource], amount)
+        weight.add_metric([name], tenant["weight"])
+        share.add_metric([name], tenant["share"])
+        waiting.add_metric([name, "queued"], tenant["waiting"] - tenant["over_quota"])
+        waiting.add_metric([name, "over-quota"], tenant["over_quota"])
+    yield from (used, quota, weight, share, waiting)
 
 
 def scheduler_registry(scheduler: SchedulerShell) -> CollectorRegistry:

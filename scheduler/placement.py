@@ -31,7 +31,7 @@ import math
 import operator
 from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from apportion.scheduler.restrictions import RestrictedShape, explain_restricted, is_restricted
 
@@ -101,6 +101,18 @@ def outranks(ts: TaskState, other: TaskState) -> bool:
     if ts.priority != other.priority:
         return ts.priority > other.priority
     return ts.seq < other.seq
+
+
+def fairly_first(fair: Fairness, ts: TaskState, other: TaskState, strictly: bool = False) -> bool:
+    """Whether ``ts`` comes before ``other`` with tenants: its tenant's rank is lower, or
+    the same and it outranks ``other``; ``strictly``: of another tenant, only a lower rank
+    (a reservation's holder keeps its units against tenants as far below their share)."""
+    rank, other_rank = fair.rank(ts.shape), fair.rank(other.shape)
+    if rank != other_rank:
+        return rank < other_rank
+    if strictly and fair.tenant(ts.shape) != fair.tenant(other.shape):
+        return False
+    return outranks(ts, other)
 
 
 def fits_unused(shape: Shape, ws: WorkerState) -> bool:
@@ -322,6 +334,9 @@ class ReadyQueues:
         # lowest priority (see outranks_no_holder).
         self.newest_holder = 0
         self.lowest_holder: float = math.inf
+        # With tenants declared (tenants.py): queues are per tenant and shape, and the
+        # tenant of lowest rank goes first; None (no tenants): priority, then submission.
+        self.fair: Fairness | None = None
 
     def held_for(self, ts: TaskState) -> None:
         """``ts`` holds a reservation now."""
@@ -363,11 +378,15 @@ class ReadyQueues:
         best: TaskState | None = None
         fitting, by_shape = ws.fitting_shapes, self.by_shape
         emptied = False
+        fair = self.fair
         for shape in self.reserving:
             queue = by_shape.get(shape)
             if queue is not None and shape in fitting:
                 ts = queue.first_unreserved()
-                if ts is not None and (best is None or outranks(ts, best)):
+                if ts is not None and (
+                    best is None
+                    or (outranks(ts, best) if fair is None else fairly_first(fair, ts, best))
+                ):
                     best = ts
                 emptied = emptied or not queue.order
         if emptied:
@@ -406,6 +425,8 @@ class ReadyQueues:
                 return lent
             if ws.menu_version != self.version:  # _lend dropped emptied queues
                 self._make_menu(ws)
+        if self.fair is not None:
+            return self._pop_fair(ws, self.fair)
         best: TaskState | None = None
         best_queue: _ShapeQueue | None = None
         emptied = False
@@ -425,6 +446,41 @@ class ReadyQueues:
         if best is None or best_queue is None:
             return None
         best_queue.top.popleft()
+        return best
+
+    def _pop_fair(self, ws: WorkerState, fair: Fairness) -> TaskState | None:
+        """pop_for with tenants: the head of the queue of lowest rank (its tenant's), then
+        of highest priority, then submitted first, among the queues that fit ``ws``."""
+        free = ws.free
+        best: TaskState | None = None
+        best_queue: _ShapeQueue | None = None
+        best_rank = math.inf
+        emptied = False
+        for shape, queue in ws.menu:
+            if shape and not fits(shape, free):
+                continue
+            ts = queue.head()
+            if ts is None:
+                emptied = True
+                continue
+            rank = fair.rank(shape)
+            if (
+                best is None
+                or rank < best_rank
+                or (
+                    rank == best_rank
+                    and (
+                        ts.priority > best.priority
+                        if ts.priority != best.priority
+                        else ts.seq < best.seq
+                    )
+                )
+            ):
+                best, best_queue, best_rank = ts, queue, rank
+        if emptied:
+            self._drop_empty()
+        if best_queue is not None:  # (set with best)
+            best_queue.top.popleft()
         return best
 
     def _make_menu(self, ws: WorkerState) -> None:
@@ -452,6 +508,7 @@ class ReadyQueues:
         best: TaskState | None = None
         best_queue: _ShapeQueue | None = None
         emptied = False
+        fair = self.fair
         menu: list[tuple[Shape, _ShapeQueue]] = ws.menu  # typed: native calls when compiled
         for shape, queue in menu:
             for name, amount in shape:  # fits_unused(shape, ws), inlined
@@ -462,9 +519,13 @@ class ReadyQueues:
                 if ts is None:
                     emptied = True
                 elif best is None or (
-                    ts.priority > best.priority
-                    if ts.priority != best.priority
-                    else ts.seq < best.seq
+                    (
+                        ts.priority > best.priority
+                        if ts.priority != best.priority
+                        else ts.seq < best.seq
+                    )
+                    if fair is None
+                    else fairly_first(fair, ts, best)
                 ):
                     best, best_queue = ts, queue
         if emptied:
@@ -472,9 +533,13 @@ class ReadyQueues:
         if best is None or best_queue is None:
             return None  # nothing fits even the held units
         if best is not holder and (  # outranks(best, holder), inlined
-            best.priority > holder.priority
-            if best.priority != holder.priority
-            else best.seq < holder.seq
+            (
+                best.priority > holder.priority
+                if best.priority != holder.priority
+                else best.seq < holder.seq
+            )
+            if fair is None
+            else fairly_first(fair, best, holder, strictly=True)
         ):
             best_queue.top.popleft()
             return best
@@ -488,6 +553,14 @@ class ReadyQueues:
         for shape in empty:
             del self.by_shape[shape]
         self.version += 1
+
+
+class Fairness(Protocol):
+    """Which tenant's queue goes first (tenants.py): the lower rank."""
+
+    def rank(self, shape: Shape) -> float: ...
+
+    def tenant(self, shape: Shape) -> str: ...
 
 
 # The key of a lane's order (a C function: bisect calls it at every step).

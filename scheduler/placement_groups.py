@@ -204,6 +204,7 @@ class Group:
         "strategy",
         "turn",
         "waiters",
+        "waiting_since",
         "was_ready",
     )
 
@@ -220,6 +221,8 @@ class Group:
         self.claims: dict[WorkerState, tuple[Resources, Resources]] = {}
         # Clients waiting for it to be ready: (client, request id).
         self.waiters: list[tuple[str, Any]] = []
+        # Since when a client waits for it (pending), for scheduler.no-worker-timeout.
+        self.waiting_since: float | None = None
         self.turn = 0  # the next bundle for a task that names none
 
     def demands(self) -> list[Resources]:
@@ -279,7 +282,9 @@ class PlacementGroups:
         self.groups[group_id] = Group(group_id, client, bundles, strategy)
         self.place()
 
-    def wait_ready(self, client: str, group_id: str, reply_id: Any, wait: bool) -> None:
+    def wait_ready(
+        self, client: str, group_id: str, reply_id: Any, wait: bool, now: float = 0.0
+    ) -> None:
         """Answer when the group is ready; at once when ``wait`` is false (its state)."""
         group = self.groups.get(group_id)
         if group is None:
@@ -290,6 +295,42 @@ class PlacementGroups:
             self.state.send(client, self._status(group, reply_id))
         else:
             group.waiters.append((client, reply_id))
+            if group.waiting_since is None:
+                group.waiting_since = now
+
+    def next_deadline(self, timeout: float) -> float | None:
+        """When ``expire_waits`` may next fail a wait (``timeout``: the no-worker timeout)."""
+        return min(
+            (
+                g.waiting_since + timeout
+                for g in self.groups.values()
+                if g.waiters and g.waiting_since is not None
+            ),
+            default=None,
+        )
+
+    def expire_waits(self, now: float, timeout: float) -> None:
+        """Fail the ``ready()`` waits of groups that have waited ``timeout`` seconds and
+        that no set of the connected workers could host (scheduler.no-worker-timeout): as a
+        task waiting that long for a worker that could run it fails. The group stays."""
+        for group in self.groups.values():
+            since = group.waiting_since
+            if not group.waiters or since is None or now - since < timeout:
+                continue
+            why = self._status(group, None).get("why")
+            if why is None:
+                continue  # it could be placed: it waits for resources to come free
+            error = (
+                f"placement group {group.id!r} waited {timeout:g}s (scheduler.no-worker-timeout) "
+                f"and {why}"
+            )
+            for client, reply_id in group.waiters:
+                self.state.send(
+                    client,
+                    {"op": "reply", "id": reply_id, "error": error, "kind": "NoValidWorkerError"},
+                )
+            group.waiters.clear()
+            group.waiting_since = None
 
     def _status(self, group: Group, reply_id: Any) -> dict[str, Any]:
         reply: dict[str, Any] = {"op": "reply", "id": reply_id, "state": group.state}
@@ -504,6 +545,7 @@ class PlacementGroups:
         for client, reply_id in group.waiters:
             self.state.send(client, self._status(group, reply_id))
         group.waiters.clear()
+        group.waiting_since = None
         for bundle in group.bundles:
             self._start(bundle)
 

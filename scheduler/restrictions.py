@@ -38,13 +38,17 @@ class RestrictedShape(tuple[tuple[str, float], ...]):
 
     workers: frozenset[str]
     loose: bool
+    tenant: str  # the tenant whose task it is (tenants.py); "" with no tenants declared
     _hash: int
 
-    def __new__(cls, shape: Shape, workers: Iterable[str], loose: bool) -> RestrictedShape:
+    def __new__(
+        cls, shape: Shape, workers: Iterable[str], loose: bool, tenant: str = ""
+    ) -> RestrictedShape:
         self = super().__new__(cls, shape)
         self.workers = frozenset(workers)
         self.loose = loose
-        self._hash = hash((tuple(shape), self.workers, loose))
+        self.tenant = tenant
+        self._hash = hash((tuple(shape), self.workers, loose, tenant))
         return self
 
     def __eq__(self, other: object) -> bool:
@@ -53,6 +57,7 @@ class RestrictedShape(tuple[tuple[str, float], ...]):
             and tuple.__eq__(self, other)
             and self.workers == other.workers
             and self.loose == other.loose
+            and self.tenant == other.tenant
         )
 
     def __ne__(self, other: object) -> bool:
@@ -66,7 +71,8 @@ class RestrictedShape(tuple[tuple[str, float], ...]):
 
     def __repr__(self) -> str:
         kind = "preferring" if self.loose else "on"
-        return f"<{format_resources(dict(self))} {kind} {sorted(self.workers)}>"
+        of = f" of {self.tenant}" if self.tenant else ""
+        return f"<{format_resources(dict(self))} {kind} {sorted(self.workers)}{of}>"
 
 
 def restrict(shape: Shape, workers: list[str], loose: bool) -> Shape:
@@ -95,7 +101,7 @@ def preferred_worker(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerSta
     """For a task preferring some workers (``allow_other_workers=True``): the least loaded
     of them that can start it now, or None (then any worker may)."""
     shape = ts.shape
-    if type(shape) is not RestrictedShape or not shape.loose:
+    if type(shape) is not RestrictedShape or not shape.loose or not shape.workers:
         return None
     best: WorkerState | None = None
     best_load = float("inf")
@@ -129,6 +135,9 @@ def describe(shape: Shape) -> dict[str, Any]:
     """A shape as the scheduler reports it (``info()``): its resources, and its workers."""
     described: dict[str, Any] = {"resources": dict(shape)}
     if type(shape) is RestrictedShape:
-        described["workers"] = sorted(shape.workers)
-        described["allow_other_workers"] = shape.loose
+        if shape.workers:
+            described["workers"] = sorted(shape.workers)
+            described["allow_other_workers"] = shape.loose
+        if shape.tenant:
+            described["tenant"] = shape.tenant
     return described

@@ -18,11 +18,13 @@ from apportion.scheduler.liveness import CHECK_PERIOD, Liveness
 from apportion.scheduler.recovery import parse_report
 from apportion.scheduler.secession import Secession
 from apportion.scheduler.state import SchedulerState
+from apportion.scheduler.tenants import DEFAULT_TENANT, TenantShares, tenants_from_config
 from apportion.scheduler.worker_ops import WORKER_OPS
 from tornado.ioloop import PeriodicCallback
 from tornado.netutil import bind_sockets
 
 from apportion import config
+from apportion.auth import data_token
 from apportion.logs import keep_recent_lines
 from apportion.protocol import Comm, CommClosedError, Listener, Message, ProtocolError
 from apportion.protocol.comm import format_address, refuse, welcome
@@ -60,6 +62,11 @@ class Scheduler:
         # client.upload_file: a run message per file, for workers that join later.
         self.uploads: dict[str, Message] = {}
         self.listener = Listener(self._serve, token, roles=("client", "worker"))
+        # Tenants (tenants.py): ConfigError, naming the setting, if they are declared wrong.
+        tenants = tenants_from_config(config.get("scheduler.tenants"), token)
+        if tenants:
+            self.state.use_tenants(TenantShares(tenants))
+            self.listener.client_tokens = {t.token: t.name for t in tenants if t.token}
         self.comms: dict[str, Comm] = {}
         self.address = ""
         if validate_every_batch is None:
@@ -239,8 +246,12 @@ class Scheduler:
             await refuse(comm, f"client id {client!r} is already connected")
             return
         self.comms[client] = comm
-        self.state.add_client(client)
-        comm.send(welcome(comm, client_id=client, scheduler=self.address))
+        tenant = str(hello.get("tenant", DEFAULT_TENANT))
+        self.state.add_client(client, tenant)
+        fields: Message = {"client_id": client, "scheduler": self.address, "tenant": tenant}
+        if tenant != DEFAULT_TENANT and self.token is not None:
+            fields["worker_token"] = data_token(self.token)  # for results, from workers
+        comm.send(welcome(comm, **fields))
 
         def on_frame(messages: list[Message]) -> None:
             for message in messages:

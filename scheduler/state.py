@@ -68,6 +68,7 @@ from apportion.scheduler.retirement import (
     retirement_problems,
     start_retiring,
 )
+from apportion.scheduler.tenants import DEFAULT_TENANT, TenantShares, tenant_of
 
 from apportion import config
 from apportion.errors import InvalidTransitionError, KilledWorkerError, NoValidWorkerError
@@ -191,6 +192,10 @@ class SchedulerState:
         self.outbox[dest].append(message)
 
     def take_outbox(self) -> dict[str, list[Message]]:
+        if self.settings.tenants is not None:
+            for ts in self.settings.tenants.admit_waiting():  # runs ended: within quota again
+                self._set_state(ts, "released", "within its tenant's quota again")
+                self._make_ready(ts)
         if self.retirements:
             advance_retirements(self)
         if self._notices:
@@ -226,11 +231,22 @@ class SchedulerState:
         self._notices.clear()
 
     # ----------------------------------------------------------------- clients
-    def add_client(self, client: str) -> None:
+    def add_client(self, client: str, tenant: str = DEFAULT_TENANT) -> None:
+        """``client`` connected, with the token of ``tenant`` (see tenants.py)."""
         self.clients.add(client)
+        if self.settings.tenants is not None:
+            self.settings.tenants.client_joined(client, tenant)
+
+    def use_tenants(self, tenants: TenantShares) -> None:
+        """Share the cluster between ``tenants`` (tenants.py), before any client connects."""
+        self.settings.tenants = tenants
+        self.ready.fair = tenants
+        tenants.workers_changed(self.workers.values())
 
     def remove_client(self, client: str) -> None:
         self.clients.discard(client)
+        if self.settings.tenants is not None:
+            self.settings.tenants.client_left(client)
         if self.groups is not None:
             self.groups.client_left(client)
         self._named.pop(self._singletons.pop(client, NOTHING), None)
@@ -247,6 +263,7 @@ class SchedulerState:
         shapes = self._shapes
         wants = self._with(NOTHING, client)
         seq = self._seq
+        tenants = self.settings.tenants
         urgent = 0  # any priority in this batch
         for spec in specs:
             key = spec["key"]
@@ -269,6 +286,9 @@ class SchedulerState:
             workers = spec.get("workers")
             if workers:  # part of the demand (see restrictions.py)
                 shape = restrict(shape, workers, bool(spec.get("allow_other_workers")))
+                shape = shapes.setdefault(shape, shape)
+            if tenants is not None and "placement_group" not in spec:
+                shape = tenants.shape_for(client, shape)  # so is the tenant
                 shape = shapes.setdefault(shape, shape)
             refused = None
             if "placement_group" in spec:  # a task in a bundle (placement_groups.py)
@@ -445,6 +465,8 @@ class SchedulerState:
                 self._make_ready(ts)
         if self.groups is not None:
             self.groups.worker_joined()
+        if self.settings.tenants is not None:
+            self.settings.tenants.workers_changed(self.workers.values())
         self._fill(ws)
         logger.info("worker %s joined from %s with %s", name, address, format_resources(ws.total))
         if self.events is not None:
@@ -507,6 +529,10 @@ class SchedulerState:
             else:
                 self._set_state(ts, "released", "its worker left")
                 rerun.append(ts)
+        if self.settings.tenants is not None:
+            for run_id in ws.processing:
+                self.settings.tenants.ended(run_id)
+            self.settings.tenants.workers_changed(self.workers.values())
         ws.processing.clear()
         if self.groups is not None:  # its bundles are placed again, its claims dropped
             self.groups.worker_lost(ws)
@@ -750,6 +776,8 @@ class SchedulerState:
                 if not fitting:
                     orphaned.extend(self.ready.drain(shape))
         ws.menu_version = -1  # its menu of queues is made again (see ReadyQueues.pop_for)
+        if self.settings.tenants is not None:
+            self.settings.tenants.workers_changed(self.workers.values())
         self._no_reservation.clear()
         displaced = ws.reserved_for
         if displaced is not None:
@@ -779,6 +807,10 @@ class SchedulerState:
                 ts.no_worker_since or 0.0 for tasks in self.no_worker.values() for ts in tasks
             )
             deadlines.append(since + self.settings.no_worker_timeout)
+        if self.settings.no_worker_timeout is not None and self.groups is not None:
+            waits = self.groups.next_deadline(self.settings.no_worker_timeout)
+            if waits is not None:
+                deadlines.append(waits)
         return min(deadlines, default=None)
 
     def check_timeouts(self) -> None:
@@ -789,6 +821,8 @@ class SchedulerState:
             end_recovery(self)
         if self.settings.no_worker_timeout is None:
             return
+        if self.groups is not None:  # waits for groups no workers could host
+            self.groups.expire_waits(now, self.settings.no_worker_timeout)
         for shape in list(self.no_worker):
             expired = [
                 ts
@@ -861,6 +895,10 @@ class SchedulerState:
             for client in ts.who_wants:
                 self._notices.setdefault((client, ts.shape), []).append(ts.key)
             return
+        tenants = self.settings.tenants
+        if tenants is not None and not tenants.admit(ts):
+            self._over_quota(ts, tenants)
+            return
         # No worker has a free slot: nothing can start now (the common case under load).
         ws = None
         if self.with_slots:
@@ -879,6 +917,20 @@ class SchedulerState:
                 self._reserve(ts)
         else:
             self._assign(ts, ws)
+
+    def _over_quota(self, ts: TaskState, tenants: TenantShares) -> None:
+        """``ts`` would take its tenant past its quota: it waits aside (tenants.py), or
+        fails if its demand alone is more than the quota."""
+        why = tenants.never_fits_quota(ts.shape)
+        if why is not None:
+            self._fail(ts, NoValidWorkerError(f"task {ts.key!r} can never run: {why}"))
+        else:
+            self._set_state(ts, "queued", "over its tenant's quota: waits for its runs to end")
+            tenant = tenants.tenants[tenant_of(ts.shape)]
+            for client in tenants.to_tell(ts):
+                self.send(
+                    client, {"op": "over-quota", "tenant": tenant.name, "quota": tenant.quota}
+                )
 
     def _outranked_worker(self, ts: TaskState, fitting: set[WorkerState]) -> WorkerState | None:
         """A full worker whose runs waiting for a thread are less urgent than ``ts``.
@@ -917,6 +969,8 @@ class SchedulerState:
             ws.idle_since = None
         processing = ws.processing
         processing[run_id] = ts
+        if self.settings.tenants is not None:
+            self.settings.tenants.started(ts, run_id)
         shape = ts.shape
         if shape:
             # free stays total - used - held (also for a task lent held units, and for
@@ -965,6 +1019,8 @@ class SchedulerState:
         ts = ws.processing.pop(run_id, None)
         if ts is None:
             return None
+        if self.settings.tenants is not None:
+            self.settings.tenants.ended(run_id)
         if not ws.processing:
             ws.idle_since = self.clock()
             if ws.slots > 0 and ws.address in self.workers:
@@ -1335,6 +1391,9 @@ class SchedulerState:
             ],
             "queued": [{**describe(shape), "tasks": n} for shape, n in self.ready.counts().items()],
             "placement_groups": {} if self.groups is None else self.groups.info(),
+            "tenants": {}
+            if self.settings.tenants is None
+            else self.settings.tenants.info(self.ready.counts()),
         }
 
     def story(self, key: str) -> list[dict[str, Any]]:
@@ -1414,16 +1473,21 @@ class SchedulerState:
                 problems.append(f"task {ts.key} in memory nowhere")
         if self.groups is not None:
             problems.extend(self.groups.problems())
+        if self.settings.tenants is not None:
+            problems.extend(self.settings.tenants.problems(self.workers.values()))
         return problems + retirement_problems(self)
 
 
 class Settings:
     """The scheduler's settings read off the hot path (from the configuration)."""
 
-    __slots__ = ("allowed_failures", "groups", "no_worker_timeout", "prefetch")
+    __slots__ = ("allowed_failures", "groups", "no_worker_timeout", "prefetch", "tenants")
 
     def __init__(self) -> None:
         self.groups: PlacementGroups | None = None  # (not a setting: see SchedulerState.groups)
+        # Tenants sharing the cluster (tenants.py; see SchedulerState.use_tenants): None
+        # when none is declared, so that the hot path pays one check for them.
+        self.tenants: TenantShares | None = None
         self.prefetch = int(config.get("scheduler.worker-prefetch"))
         self.allowed_failures = int(config.get("scheduler.allowed-failures"))
         timeout = config.get("scheduler.no-worker-timeout")

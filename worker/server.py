@@ -34,6 +34,7 @@ from tornado.ioloop import PeriodicCallback
 
 from apportion import config, shared_memory
 from apportion.aio import background
+from apportion.auth import data_token
 from apportion.backoff import QuietRetries
 from apportion.core.context import TaskInfo, WorkerInfo, set_current
 from apportion.core.task_host import close_clients, worker_started
@@ -136,6 +137,8 @@ class Worker:
         # scheduler's hop (it hears too, and tells only the clients not told).
         self.clients: dict[str, Comm] = {}
         self.listener = Listener(self._serve_peer, token, roles=("peer", "client"))
+        if token is not None:  # clients of a tenant fetch results with the data token
+            self.listener.client_tokens[data_token(token)] = "data"
         # Large arguments clients put here for their tasks (worker/stored.py).
         self.stored = stored.StoredArguments()
         # Large results in shared memory, for peers on this host (apportion/shared_memory.py).

@@ -601,6 +601,10 @@ class Listener:
         self.handler = handler
         self.token = token
         self.roles = roles
+        # Tokens a client may present instead of ``token``, each to who presents it (a
+        # tenant's name, see scheduler/tenants.py): the hello handed on names it as
+        # ``tenant`` (set here only, whatever the client sent).
+        self.client_tokens: dict[str, str] = {}
         self.port: int = 0
         # Authenticated connections, and every accepted one (closed on shutdown).
         self.comms: set[Comm] = set()
@@ -670,7 +674,14 @@ class Listener:
                 f"protocol version {hello.get('protocol')!r} is not supported; this server speaks "
                 f"version {PROTOCOL_VERSION}: use the same apportion version on both sides"
             )
-        if self.token is not None:
+        hello.pop("tenant", None)  # never the client's say
+        tenant = None
+        if self.client_tokens and hello.get("role") == "client":
+            offered = hello.get("token")
+            for token, name in self.client_tokens.items():
+                if tokens_match(offered, token):
+                    tenant = hello["tenant"] = name
+        if self.token is not None and tenant is None:
             offered = hello.get("token")
             if not tokens_match(offered, self.token):
                 what = "no" if not offered else "a wrong"

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from apportion import Client, LocalCluster, NoValidWorkerError, PlacementGroup, annotate
+from apportion import Client, LocalCluster, NoValidWorkerError, PlacementGroup, annotate, config
 from tests.conftest import wait_until
 from tests.integration.tasks import hold, peak_use
 
@@ -122,3 +122,15 @@ def test_mistakes_are_refused_on_the_client_with_what_to_do(idle: Client) -> Non
             client.submit(hold, 0, bundle_index=0)
         info = client.scheduler_info()["placement_groups"][pg.id]
         assert info["strategy"] == "pack"
+
+
+def test_ready_gives_up_on_a_group_no_worker_could_host_after_the_no_worker_timeout() -> None:
+    workers = [{"name": "gpu-0", "nthreads": 1, "resources": {"GPU": 1}}]
+    with (
+        config.set({"scheduler.no-worker-timeout": 0.5}),
+        LocalCluster(workers=workers) as cluster,
+        Client(cluster) as client,
+        client.placement_group([{"GPU": 1}] * 2, strategy="strict_spread") as pg,
+        pytest.raises(NoValidWorkerError, match=r"waited 0.5s \(scheduler.no-worker-timeout\)"),
+    ):
+        pg.ready()  # no timeout of its own: the scheduler's applies

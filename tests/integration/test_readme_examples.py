@@ -40,6 +40,11 @@ def test_the_gangs_example_runs_as_pasted(tmp_path: Path) -> None:
     assert all(units == [0, 1] for _, _, units in ranks)
 
 
+def test_the_teams_example_runs_as_pasted(tmp_path: Path) -> None:
+    lines = run_example("Teams", tmp_path).stdout.splitlines()
+    assert lines == ["vision speech", "{'vision': 3, 'speech': 1}", "{'speech': 2}"]
+
+
 def test_the_dask_collections_example_runs_as_pasted(tmp_path: Path) -> None:
     done = run_example("Dask collections", tmp_path)
     assert done.stdout.splitlines() == ["1001000"]
@@ -63,7 +68,14 @@ def test_the_task_timeout_example_runs_as_pasted(tmp_path: Path) -> None:
 # Sections of the README whose Python blocks run elsewhere: by hand (test_readme_commands),
 # Coming from Dask (test_coming_from_dask_readme), On Kubernetes (tests/k8s).
 RUN_ELSEWHERE = {"Running a cluster by hand", "Coming from Dask", "On Kubernetes"}
-RUN_HERE = {"Quick start", "Gangs", "Dask collections", "The dashboard", "When things go wrong"}
+RUN_HERE = {
+    "Quick start",
+    "Gangs",
+    "Teams",
+    "Dask collections",
+    "The dashboard",
+    "When things go wrong",
+}
 
 
 def test_every_python_block_of_the_readme_is_run_by_a_test() -> None:

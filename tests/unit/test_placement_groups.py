@@ -316,3 +316,31 @@ def test_a_group_holds_all_its_bundles_or_none_and_the_books_stay_right(
                 assert not any(placed), "a group held bundles before it was ever ready"
             if group.state == "ready":
                 assert all(placed)
+
+
+def test_a_wait_for_a_group_no_worker_could_host_fails_after_the_no_worker_timeout() -> None:
+    sim = GangSim(settings={"scheduler.no-worker-timeout": 5.0})
+    sim.add_client("c")
+    sim.add_worker("a", {"GPU": 2}, nthreads=4)
+    sim.submit("busy", resources={"GPU": 2})
+    sim.group("never", [{"GPU": 4}], "pack")  # no worker has 4 GPUs
+    sim.group("later", [{"GPU": 2}], "pack")  # waits for "busy" to end
+    groups = sim.state.placement_groups()
+    for reply_id, group_id in enumerate(["never", "later"]):
+        groups.wait_ready("c", group_id, reply_id, wait=True, now=sim.clock())
+    sim.step()
+    assert sim.state.next_deadline() == 5.0
+    sim.clock.now = 4.9  # type: ignore[attr-defined]
+    sim.state.check_timeouts()
+    sim.step()
+    assert sim.client_messages("reply") == []
+    sim.clock.now = 5.0  # type: ignore[attr-defined]
+    sim.state.check_timeouts()
+    sim.step()
+    (failed,) = sim.client_messages("reply")
+    assert failed["id"] == 0 and failed["kind"] == "NoValidWorkerError"
+    assert "waited 5s (scheduler.no-worker-timeout)" in failed["error"]
+    assert "no set of the 1 connected workers" in failed["error"]
+    assert sim.group_state("never") == "pending"  # the group stays, for a bigger worker
+    sim.finish("busy")
+    assert sim.client_messages("reply")[-1]["workers"] == ["a"]  # the other wait goes on
