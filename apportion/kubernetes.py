@@ -113,10 +113,12 @@ class KubeCluster(Cluster):
         create: bool = True,
         tls: bool | str = False,
         port_forward: bool = False,
+        tenants: list[dict[str, Any]] | None = None,
     ) -> None:
         """``tls``: True for mutual TLS with a certificate the operator makes, or the name
         of a Secret of yours (``ca.crt``, ``tls.crt``, ``tls.key``, e.g. cert-manager's).
-        This process's clients then use the cluster's certificate (``comm.tls.*``)."""
+        This process's clients then use the cluster's certificate (``comm.tls.*``).
+        ``tenants``: teams sharing the cluster, as ``spec.tenants`` (docs/sharing.md)."""
         self.name = name
         self.namespace = namespace
         self.timeout = timeout
@@ -132,6 +134,8 @@ class KubeCluster(Cluster):
                 spec["resourceMap"] = resource_map
             if scheduler:
                 spec["scheduler"] = scheduler
+            if tenants:
+                spec["tenants"] = tenants
             if tls:
                 spec["tls"] = {"enabled": True}
                 if isinstance(tls, str):

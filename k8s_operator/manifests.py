@@ -244,6 +244,38 @@ def _writable_tmp(pod: Manifest, container: dict[str, Any]) -> None:
     container["volumeMounts"] = [*container.get("volumeMounts", []), dict(TMP_MOUNT)]
 
 
+TENANTS_PATH = "/etc/apportion/tenants"
+
+
+def _with_tenants(spec: ClusterSpec, pod: Manifest, container: dict[str, Any]) -> None:
+    """Each tenant's token Secret mounted into the scheduler, and its settings
+    (``scheduler.tenants.<name>.*``) pointing at it."""
+    for tenant in spec.tenants:
+        volume = f"tenant-{tenant.name.lower().replace('_', '-')}"
+        pod["spec"]["volumes"].append(
+            {
+                "name": volume,
+                "secret": {
+                    "secretName": tenant.secret_name,
+                    "items": [{"key": tenant.secret_key, "path": "token"}],
+                    "defaultMode": 0o400,
+                },
+            }
+        )
+        container["volumeMounts"].append(
+            {"name": volume, "mountPath": f"{TENANTS_PATH}/{tenant.name}", "readOnly": True}
+        )
+        prefix = f"APPORTION_SCHEDULER__TENANTS__{tenant.name}__"
+        container["env"] += [
+            {"name": f"{prefix}TOKEN_FILE", "value": f"{TENANTS_PATH}/{tenant.name}/token"},
+            {"name": f"{prefix}WEIGHT", "value": f"{tenant.weight:g}"},
+            *(
+                {"name": f"{prefix}QUOTA__{resource}", "value": f"{amount:g}"}
+                for resource, amount in tenant.quota
+            ),
+        ]
+
+
 def _by_name(theirs: list[dict[str, Any]] | None, ours: list[dict[str, Any]]) -> list[Any]:
     """Their entries (volumes, mounts) and ours; ours replace theirs of the same name."""
     names = {entry["name"] for entry in ours}
@@ -331,6 +363,7 @@ def scheduler_deployment(spec: ClusterSpec, owner: Mapping[str, Any]) -> Manifes
     }
     _with_tls(spec, pod, container, check_hostname=True)
     _writable_tmp(pod, container)
+    _with_tenants(spec, pod, container)
     liveness = {
         **(
             {"tcpSocket": {"port": spec.http_port}}

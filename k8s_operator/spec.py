@@ -75,6 +75,22 @@ class GroupSpec:
 
 
 @dataclass(frozen=True)
+class TenantSpec:
+    """A team sharing the cluster (the scheduler's ``scheduler.tenants.<name>``): its
+    clients present the token in ``secret_name``/``secret_key``."""
+
+    name: str
+    secret_name: str
+    secret_key: str = "token"
+    weight: float = 1.0
+    quota: tuple[tuple[str, float], ...] = ()
+
+
+# A tenant's name becomes part of environment variable names (APPORTION_SCHEDULER__...).
+TENANT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     namespace: str
@@ -100,6 +116,7 @@ class ClusterSpec:
     # Seconds without a client or a task after which the cluster ends (None: never), and how.
     idle_timeout: float | None = None
     idle_policy: str = "delete"
+    tenants: tuple[TenantSpec, ...] = ()
 
     @property
     def scheduler_service(self) -> str:
@@ -339,6 +356,7 @@ def parse(
     if tls.get("secretName") and not tls.get("enabled"):
         raise InvalidSpec("tls.secretName needs tls.enabled: true")
     idle_timeout, idle_policy = _idle(spec)
+    tenants = _tenants(spec.get("tenants") or [])
     return ClusterSpec(
         name=name,
         namespace=namespace,
@@ -362,7 +380,41 @@ def parse(
         suspend=bool(spec.get("suspend", False)),
         idle_timeout=idle_timeout,
         idle_policy=idle_policy,
+        tenants=tenants,
     )
+
+
+def _tenants(raw: list[Mapping[str, Any]]) -> tuple[TenantSpec, ...]:
+    """spec.tenants, checked as the CRD's schema does (and names unique, not ``default``,
+    which is the cluster token's tenant)."""
+    tenants: list[TenantSpec] = []
+    for entry in raw:
+        name = str(entry.get("name", ""))
+        if not TENANT_NAME.match(name):
+            raise InvalidSpec(
+                f"tenants: name {name!r} must start with a letter and hold only letters, "
+                "digits and _ (it names environment variables of the scheduler)"
+            )
+        if name == "default":
+            raise InvalidSpec(
+                "tenants: 'default' is the tenant of the cluster's own token; name another"
+            )
+        if any(t.name == name for t in tenants):
+            raise InvalidSpec(f"tenants: {name!r} is declared twice")
+        secret = entry.get("secretName")
+        if not secret:
+            raise InvalidSpec(f"tenants: {name!r} needs secretName, the Secret of its token")
+        weight = float(entry.get("weight", 1))
+        if not weight > 0:
+            raise InvalidSpec(f"tenants: {name!r} weight must be > 0, not {weight:g}")
+        quota = tuple(
+            (resource, parse_quantity(amount))
+            for resource, amount in sorted((entry.get("quota") or {}).items())
+        )
+        tenants.append(
+            TenantSpec(name, str(secret), str(entry.get("secretKey") or "token"), weight, quota)
+        )
+    return tuple(tenants)
 
 
 def _idle(spec: Mapping[str, Any]) -> tuple[float | None, str]:

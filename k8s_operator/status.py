@@ -223,6 +223,7 @@ def compute_status(
         "workers": f"{connected_total}/{desired}",
         "workerGroups": groups,
         **resource_totals(groups),
+        **tenant_usage(info),
         "unmetDemand": _unmet(info, scaling),
         **_last_decision(groups, previous),
         "conditions": [
@@ -247,6 +248,21 @@ def compute_status(
                 now,
             ),
         ],
+    }
+
+
+def tenant_usage(info: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What each tenant (spec.tenants) holds and waits for, from the scheduler; nothing
+    where none is declared."""
+    tenants = (info or {}).get("tenants")
+    if not tenants:
+        return {}
+    fields = ("used", "share", "waiting", "over_quota")
+    return {
+        "tenants": {
+            name: {field: about[field] for field in fields if field in about}
+            for name, about in tenants.items()
+        }
     }
 
 
