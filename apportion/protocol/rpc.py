@@ -20,6 +20,11 @@ logger = logging.getLogger("apportion.comm")
 
 
 class ConnectionPool:
+    # Read through the instance, not the module: a connection still opening when the
+    # interpreter exits is closed after module globals are cleared, and its ``except``
+    # clause must still name real classes.
+    _OPEN_FAILURES = (OSError, CommClosedError, ProtocolError)
+
     def __init__(
         self,
         role: str,
@@ -113,7 +118,7 @@ class ConnectionPool:
         """Connect ahead of any request (a failure is left for a request to report)."""
         try:
             await self._comm_for(address)
-        except (OSError, CommClosedError, ProtocolError) as exc:
+        except self._OPEN_FAILURES as exc:
             logger.info("could not connect to %s ahead of time: %s", address, exc)
 
     def drop(self, address: str) -> None:
