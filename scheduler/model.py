@@ -124,6 +124,7 @@ class WorkerState:
         "idle_since",
         "info",
         "last_seen",
+        "local",
         "max_slots",
         "memory",
         "memory_limit",
@@ -175,6 +176,9 @@ class WorkerState:
         # the task was cancelled meanwhile: that is when its resources are really free.
         self.processing: dict[int, TaskState] = {}
         self.has_what: set[TaskState] = set()
+        # Tasks waiting for a slot here because their large inputs are here (a heap kept
+        # by placement.LocalQueues: priority, submission, order, task, attempt).
+        self.local: list[tuple[int, int, int, TaskState, int]] = []
         self.fitting_shapes: set[Shape] = set()
         # The ready queues of those shapes, cached by ReadyQueues (see ReadyQueues.pop_for).
         self.menu: list[Any] = []

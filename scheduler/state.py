@@ -42,8 +42,10 @@ from apportion.scheduler.model import (
 )
 from apportion.scheduler.placement import (
     ReadyQueues,
+    can_start,
     explain_no_worker,
     fits_unused,
+    locality_holder,
     pick_reservation,
     pick_worker,
     reserving_shapes,
@@ -508,7 +510,9 @@ class SchedulerState:
         ws.processing.clear()
         if self.groups is not None:  # its bundles are placed again, its claims dropped
             self.groups.worker_lost(ws)
-        # 3. Queued tasks no remaining worker could ever run now wait in no-worker.
+        # 3. Queued tasks no remaining worker could ever run now wait in no-worker; those
+        # waiting for it (their inputs were there) go to any other.
+        self._requeue_local(ws)
         for ts in orphaned:
             if ts.state == "queued":  # not sent back to waiting by a lost dependency above
                 self._set_state(ts, "released", "the last worker that fits it left")
@@ -560,6 +564,7 @@ class SchedulerState:
             ws.slots = 0
             self.with_slots.pop(ws, None)
             self.idle.pop(ws, None)
+            self._requeue_local(ws)
             return
         if ws.retiring:
             return
@@ -676,7 +681,11 @@ class SchedulerState:
     ) -> list[str]:
         """Start retiring up to ``count`` (default: all) of the named workers; see
         ``retirement.start_retiring``."""
-        return start_retiring(self, requester, reply_id, names, count)
+        chosen = start_retiring(self, requester, reply_id, names, count)
+        for ws in list(self.workers.values()):
+            if ws.local and ws.slots == 0:  # retiring: the tasks waiting there go elsewhere
+                self._requeue_local(ws)
+        return chosen
 
     def handle_data_acquired(self, address: str, msg: Message) -> None:
         """A worker holds a copy of a result now, as asked by ``acquire-data``."""
@@ -760,6 +769,9 @@ class SchedulerState:
         recovery = recovery_deadline(self)
         if recovery is not None:
             deadlines.append(recovery)
+        local = self.ready.local.next_deadline()
+        if local is not None:
+            deadlines.append(local)
         if self.settings.no_worker_timeout is not None and self.no_worker:
             since = min(
                 ts.no_worker_since or 0.0 for tasks in self.no_worker.values() for ts in tasks
@@ -773,6 +785,14 @@ class SchedulerState:
         recovery = recovery_deadline(self)
         if recovery is not None and now >= recovery:
             end_recovery(self)
+        # Tasks that waited for their inputs' worker as long as moving them takes: any
+        # worker with nothing of its own to do may take them now.
+        expired = self.ready.local.expired(now)
+        for ts in expired:
+            self.ready.push(ts)
+        if expired:
+            for ws in list(self.with_slots):
+                self._fill(ws)
         if self.settings.no_worker_timeout is None:
             return
         for shape in list(self.no_worker):
@@ -847,6 +867,10 @@ class SchedulerState:
             for client in ts.who_wants:
                 self._notices.setdefault((client, ts.shape), []).append(ts.key)
             return
+        # Large inputs stay where they are: the task runs on their worker, or waits there.
+        if ts.dependencies and not ts.shape and type(ts.shape) is tuple:
+            if self._stay_near_inputs(ts, fitting):
+                return
         # No worker has a free slot: nothing can start now (the common case under load).
         ws = None
         if self.with_slots:
@@ -854,7 +878,12 @@ class SchedulerState:
                 ws = preferred_worker(ts, fitting)
             if ws is None:
                 ws = pick_worker(
-                    ts, fitting, self.with_slots, reversed(self.idle), 1 / self._max_threads
+                    ts,
+                    fitting,
+                    self.with_slots,
+                    reversed(self.idle),
+                    1 / self._max_threads,
+                    self.settings.locality_bytes,
                 )
         if ws is None and ts.priority > self._least_priority:
             ws = self._outranked_worker(ts, fitting)
@@ -864,6 +893,48 @@ class SchedulerState:
             if ts.shape and ts.shape in self.ready.reserving:
                 self._reserve(ts)
         else:
+            self._assign(ts, ws)
+
+    def _stay_near_inputs(self, ts: TaskState, fitting: set[WorkerState]) -> bool:
+        """Start ``ts`` (no resources demanded) on the worker holding its large inputs, or
+        queue it there until a slot comes free, for at most as long as moving the inputs
+        would take (``scheduler.bandwidth``); False when its inputs are small, or no
+        worker holding enough of them can take it."""
+        settings = self.settings
+        found = locality_holder(ts, fitting, settings.locality_bytes)
+        if found is None:
+            return False
+        holder, nbytes = found
+        if can_start(holder, ts.shape):
+            self._assign(ts, holder)
+            return True
+        self._set_state(ts, "queued", f"waits for a slot on {holder.name}, holding its inputs")
+        self.ready.local.push(ts, holder, self.clock() + nbytes / settings.bandwidth)
+        return True
+
+    def _requeue_local(self, ws: WorkerState) -> None:
+        """``ws`` takes no more work (paused, retiring, gone): the tasks waiting for it
+        there are placed again, as if just ready."""
+        for ts in self.ready.local.take_all(ws):
+            self._set_state(ts, "released", f"{ws.name}, holding its inputs, takes no work")
+            self._make_ready(ts)
+
+    def _fill_local(self, ws: WorkerState) -> None:
+        """Start the tasks waiting on ``ws`` for its slots, unless a queued task of higher
+        priority that ``ws`` could start is waiting too (then that one goes first)."""
+        ready, local = self.ready, self.ready.local
+        while len(ws.processing) < ws.slots:
+            ts = local.head(ws)
+            if ts is None:
+                return
+            other = ready.pop_for(ws) if ready.by_shape else None
+            if other is not None:
+                if other.priority > ts.priority:
+                    self._assign(other, ws)
+                    continue
+                if other is not ws.reserved_for:  # the holder was not taken out of its queue
+                    ready.push(other)  # back in its place
+            local.pop(ws)
             self._assign(ts, ws)
 
     def _outranked_worker(self, ts: TaskState, fitting: set[WorkerState]) -> WorkerState | None:
@@ -1114,8 +1185,11 @@ class SchedulerState:
             self._assign(ts, ws)
 
     def _fill(self, ws: WorkerState) -> None:
-        """Hand queued tasks to a worker while it has free slots and resources."""
+        """Hand queued tasks to a worker while it has free slots and resources: those
+        waiting for it (their inputs are here) first."""
         ready = self.ready
+        if ws.local:
+            self._fill_local(ws)
         while len(ws.processing) < ws.slots and ready.by_shape:
             ts = ready.pop_for(ws)
             if ts is None:
@@ -1404,11 +1478,25 @@ class SchedulerState:
 class Settings:
     """The scheduler's settings read off the hot path (from the configuration)."""
 
-    __slots__ = ("allowed_failures", "groups", "no_worker_timeout", "prefetch")
+    __slots__ = (
+        "allowed_failures",
+        "bandwidth",
+        "groups",
+        "locality_bytes",
+        "no_worker_timeout",
+        "prefetch",
+    )
 
     def __init__(self) -> None:
         self.groups: PlacementGroups | None = None  # (not a setting: see SchedulerState.groups)
         self.prefetch = int(config.get("scheduler.worker-prefetch"))
+        self.locality_bytes = float(config.get("scheduler.locality-bytes"))
+        self.bandwidth = float(config.get("scheduler.bandwidth"))
+        if self.locality_bytes < 0 or self.bandwidth <= 0:
+            raise ValueError(
+                "scheduler.locality-bytes must be 0 or more and scheduler.bandwidth more "
+                f"than 0, got {self.locality_bytes:g} and {self.bandwidth:g}"
+            )
         self.allowed_failures = int(config.get("scheduler.allowed-failures"))
         timeout = config.get("scheduler.no-worker-timeout")
         self.no_worker_timeout: float | None = None if timeout is None else float(timeout)
