@@ -116,6 +116,7 @@ class TaskState:
 class WorkerState:
     __slots__ = (
         "address",
+        "fetched",
         "fitting_shapes",
         "free",
         "gang",
@@ -176,6 +177,9 @@ class WorkerState:
         # the task was cancelled meanwhile: that is when its resources are really free.
         self.processing: dict[int, TaskState] = {}
         self.has_what: set[TaskState] = set()
+        # The results of has_what copied here only as inputs of tasks here (not asked for):
+        # dropped once no task here needs them, if a worker in service holds another copy.
+        self.fetched: set[TaskState] = set()
         # Tasks waiting for a slot here because their large inputs are here (a heap kept
         # by placement.LocalQueues: priority, submission, order, task, attempt).
         self.local: list[tuple[int, int, int, TaskState, int]] = []

@@ -688,8 +688,16 @@ class SchedulerState:
         return chosen
 
     def handle_data_acquired(self, address: str, msg: Message) -> None:
-        """A worker holds a copy of a result now, as asked by ``acquire-data``."""
+        """A worker holds a copy of a result now, as asked by ``acquire-data``, or
+        fetched as an input of a task there (``replica``: dropped once no task there
+        needs it, see _drop_fetched)."""
         data_acquired(self, address, msg)
+        ws, ts = self.workers.get(address), self.tasks.get(msg["key"])
+        if ws is not None and ts is not None:
+            if msg.get("replica") and ws in ts.who_has:
+                ws.fetched.add(ts)
+            else:
+                ws.fetched.discard(ts)  # asked for: kept
 
     def handle_acquire_failed(self, address: str, msg: Message) -> None:
         """A copy off retiring workers failed: those holders stay in service."""
@@ -1035,6 +1043,8 @@ class SchedulerState:
                 # Float sums of fractional demands drift; snap to the exact totals.
                 used[name] = left = 0 if -1e-9 < left < 1e-9 else left
                 free[name] = total[name] - left - held[name] if name in held else total[name] - left
+        if ws.fetched:
+            self._drop_fetched(ws)
         if ws.address in self.workers:
             if ws.gang is not None and self.groups is not None:
                 self.groups.worker_freed(ws)  # placement groups first: their claims, bundles
@@ -1059,6 +1069,27 @@ class SchedulerState:
             if len(ws.processing) < ws.slots:
                 self.with_slots[ws] = None
         return ts
+
+    def _drop_fetched(self, ws: WorkerState) -> None:
+        """Drop the copies ``ws`` fetched as inputs that no task there needs any more
+        (running, sent, or waiting there for a slot), where a worker in service holds
+        another: a result is not held twice in memory for nothing."""
+        needed: set[TaskState] = set()
+        for run in ws.processing.values():
+            needed.update(run.dependencies)
+        for entry in ws.local:
+            needed.update(entry[3].dependencies)
+        for ts in list(ws.fetched):
+            if ts in needed:
+                continue
+            ws.fetched.discard(ts)
+            if ts.state != "memory" or ws not in ts.who_has:
+                continue  # released or lost meanwhile (freed there already)
+            if not any(other is not ws and not other.retiring for other in ts.who_has):
+                continue  # the copy that counts now
+            ts.who_has = self._without(ts.who_has, ws)
+            ws.has_what.discard(ts)
+            self._free_on(ws, ts)
 
     # ------------------------------------------------------------ reservations
     # A queued task with resources reserves one worker that could host it (the one

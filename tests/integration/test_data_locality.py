@@ -72,14 +72,15 @@ def test_a_fetched_input_is_dropped_once_no_task_there_needs_it(client: Client) 
     first = client.submit(make_chunk, 1, workers=[names[0]], pure=False)
     second = client.submit(make_chunk, 2, workers=[names[1]], pure=False)
     wait([first, second], timeout=60)
-    before = _held(client)
+    each_its_own = {names[0]: 1, names[1]: 1}
+    wait_until(lambda: _held(client) == each_its_own, timeout=30, what="one chunk on each")
     # Runs on one of them, fetching the other's chunk.
     assert client.submit(joined, first, second, pure=False).result(timeout=60) == 2 * CHUNK
-    # The copy is dropped: each worker holds what it held before (plus a tiny result).
+    # The copy is dropped: each worker holds its own chunk again (and a tiny result).
     wait_until(
-        lambda: _held(client) == before,
+        lambda: _held(client) == each_its_own,
         timeout=30,
-        what=f"each worker back to {before} results held",
+        what="the fetched chunk dropped",
     )
     assert client.check_invariants() == []
 
@@ -89,6 +90,5 @@ def _workers(client: Client) -> list[dict[str, Any]]:
 
 
 def _held(client: Client) -> dict[str, int]:
-    """Bytes of results each worker holds, as the scheduler knows them, counting only
-    large ones (results of a few bytes are not copies of inputs)."""
+    """Chunks' worth of results each worker holds, as the scheduler knows them."""
     return {w["name"]: w["nbytes"] // CHUNK for w in _workers(client)}

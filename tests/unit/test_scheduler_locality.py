@@ -154,8 +154,7 @@ def test_a_holder_that_pauses_or_retires_sends_its_waiting_tasks_elsewhere() -> 
     for stop in ("pause", "retire"):
         sim, holder, other = three_waiting_on_one_chunk()
         if stop == "pause":
-            sim.state.handle_worker_status(holder, {"op": "worker-status", "status": "paused"})
-            sim.step()
+            pause(sim, holder)
         else:
             sim.retire(holder)
         assert sim.computed_keys(other) == ["s2"]
@@ -179,3 +178,70 @@ def test_a_task_released_while_it_waits_is_not_started() -> None:
     ran = run_all(sim)
     assert "s2" not in ran
     assert sim.state.next_deadline() is None
+
+
+def fetched_by_a_task(sim: Sim, key: str, deps: list[str]) -> str:
+    """Submit ``key`` on ``deps``; the worker it runs on reports fetching the inputs it
+    lacked. Returns that worker."""
+    sim.submit(key, deps)
+    address = sim.run_of(key)[0]
+    for dep in deps:
+        if sim.state.workers[address] not in sim.state.tasks[dep].who_has:
+            sim.state.handle_data_acquired(address, {"key": dep, "replica": True})
+    sim.step()
+    return address
+
+
+def holders_of(sim: Sim, key: str) -> set[str]:
+    return {ws.address for ws in sim.state.tasks[key].who_has}
+
+
+def test_a_copy_fetched_as_an_input_is_dropped_once_no_task_there_needs_it() -> None:
+    sim = two_workers()
+    holders = chunks_on(sim, 2)
+    ran_on = fetched_by_a_task(sim, "j", ["c0", "c1"])
+    copied = "c1" if holders["c0"] == ran_on else "c0"
+    assert holders_of(sim, copied) == {"a", "b"}
+    sim.finish("j")
+    assert holders_of(sim, copied) == {holders[copied]}
+    assert copied in sim.freed.get(ran_on, [])
+    assert sim.state.workers[ran_on].fetched == set()
+
+
+def test_a_fetched_copy_stays_while_another_task_there_needs_it() -> None:
+    sim = two_workers()
+    holder = chunks_on(sim, 1, nbytes=10)["c0"]
+    other = "b" if holder == "a" else "a"
+    pause(sim, holder)  # tasks on c0 run on the other worker
+    assert fetched_by_a_task(sim, "j0", ["c0"]) == other
+    sim.submit("j1", ["c0"])
+    assert sim.run_of("j1")[0] == other
+    sim.finish("j0")
+    assert holders_of(sim, "c0") == {"a", "b"}  # j1 still needs it there
+    sim.finish("j1")
+    assert holders_of(sim, "c0") == {holder}
+
+
+def test_a_copy_asked_for_or_the_last_in_service_is_kept() -> None:
+    sim = two_workers()
+    holder = chunks_on(sim, 1, nbytes=10)["c0"]
+    other = "b" if holder == "a" else "a"
+    pause(sim, holder)
+    fetched_by_a_task(sim, "j0", ["c0"])
+    sim.acquired(other, "c0")  # asked for later (a replicate, say): kept
+    sim.finish("j0")
+    assert holders_of(sim, "c0") == {"a", "b"}
+    # Fetched while the only other holder retires: kept, it is the copy that stays.
+    sim = two_workers()
+    holder = chunks_on(sim, 1, nbytes=10)["c0"]
+    other = "b" if holder == "a" else "a"
+    pause(sim, holder)
+    fetched_by_a_task(sim, "j0", ["c0"])
+    sim.retire(holder)
+    sim.finish("j0")
+    assert other in holders_of(sim, "c0")
+
+
+def pause(sim: Sim, address: str) -> None:
+    sim.state.handle_worker_status(address, {"op": "worker-status", "status": "paused"})
+    sim.step()
