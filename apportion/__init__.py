@@ -9,7 +9,7 @@
 from apportion import config
 from apportion.actors import Actor, ActorFuture
 from apportion.annotations import annotate
-from apportion.client import Client, NoWorkerWarning
+from apportion.client import Client, NoWorkerWarning, WorkerPausedWarning
 from apportion.coordination import Event, Lock, Queue, Semaphore, Variable
 from apportion.core.context import TaskInfo, WorkerInfo, get_worker
 from apportion.data import fire_and_forget
@@ -67,6 +67,7 @@ __all__ = [
     "TaskInfo",
     "Variable",
     "WorkerInfo",
+    "WorkerPausedWarning",
     "annotate",
     "as_completed",
     "config",

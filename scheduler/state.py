@@ -554,6 +554,9 @@ class SchedulerState:
         if ws is None or ws.paused == paused:
             return
         ws.paused = paused
+        measured = msg.get("memory")
+        if measured:
+            ws.memory = {**ws.memory, **measured}
         logger.log(
             logging.WARNING if paused else logging.INFO,
             "worker %s %s",
@@ -565,6 +568,16 @@ class SchedulerState:
             self.with_slots.pop(ws, None)
             self.idle.pop(ws, None)
             self._requeue_local(ws)
+            # Clients hear of it once per pause: their work may slow down or wait.
+            notice = {
+                "op": "worker-paused",
+                "worker": ws.name,
+                "address": ws.address,
+                "rss": ws.memory.get("rss"),
+                "limit": ws.memory.get("limit", ws.memory_limit),
+            }
+            for client in self.clients:
+                self.send(client, notice)
             return
         if ws.retiring:
             return
