@@ -91,6 +91,10 @@ Message = dict[str, Any]
 # twice as many: the oldest are dropped in bulk): bounded whatever the number of tasks,
 # at 32 bytes per change.
 STORY_LENGTH = 100_000
+# A copy of a result fetched as a task's input is dropped once no task on its worker needs
+# it only from this size on (see _drop_fetched): a smaller copy costs little memory, and
+# dropping it costs messages and may cost a fetch again.
+DROPPED_COPY_BYTES: Final = 2**20
 # Entries of the story log per change: key, from, to, reason (flat, so that recording a
 # change allocates nothing); after each batch that changed some, None, the wall clock and
 # two blanks (see take_outbox and story).
@@ -707,10 +711,10 @@ class SchedulerState:
         data_acquired(self, address, msg)
         ws, ts = self.workers.get(address), self.tasks.get(msg["key"])
         if ws is not None and ts is not None:
-            if msg.get("replica") and ws in ts.who_has:
+            if msg.get("replica") and ws in ts.who_has and ts.nbytes >= DROPPED_COPY_BYTES:
                 ws.fetched.add(ts)
             else:
-                ws.fetched.discard(ts)  # asked for: kept
+                ws.fetched.discard(ts)  # asked for (or small): kept
 
     def handle_acquire_failed(self, address: str, msg: Message) -> None:
         """A copy off retiring workers failed: those holders stay in service."""
@@ -1086,12 +1090,15 @@ class SchedulerState:
     def _drop_fetched(self, ws: WorkerState) -> None:
         """Drop the copies ``ws`` fetched as inputs that no task there needs any more
         (running, sent, or waiting there for a slot), where a worker in service holds
-        another: a result is not held twice in memory for nothing."""
+        another: a result is not held twice in memory for nothing. (Only copies of
+        ``DROPPED_COPY_BYTES`` or more: smaller ones cost little memory, and may serve a
+        later task there.)"""
         needed: set[TaskState] = set()
         for run in ws.processing.values():
             needed.update(run.dependencies)
         for entry in ws.local:
             needed.update(entry[3].dependencies)
+        dropped = []
         for ts in list(ws.fetched):
             if ts in needed:
                 continue
@@ -1102,7 +1109,9 @@ class SchedulerState:
                 continue  # the copy that counts now
             ts.who_has = self._without(ts.who_has, ws)
             ws.has_what.discard(ts)
-            self._free_on(ws, ts)
+            dropped.append(ts.key)
+        if dropped and ws.address in self.workers:
+            self.send(ws.address, {"op": "free-keys", "keys": dropped})
 
     # ------------------------------------------------------------ reservations
     # A queued task with resources reserves one worker that could host it (the one

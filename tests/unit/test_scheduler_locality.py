@@ -8,6 +8,7 @@ from tests.unit.sim import FakeClock, Sim, task
 
 MIB = 2**20
 LARGE = 64 * MIB  # 64 MiB at the default 100 MB/s: 0.67 s to move
+MEDIUM = 2 * MIB  # moved to a free worker, and its copy there dropped after use
 
 
 def chunks_on(sim: Sim, n: int, nbytes: int = LARGE) -> dict[str, str]:
@@ -210,7 +211,7 @@ def test_a_copy_fetched_as_an_input_is_dropped_once_no_task_there_needs_it() -> 
 
 def test_a_fetched_copy_stays_while_another_task_there_needs_it() -> None:
     sim = two_workers()
-    holder = chunks_on(sim, 1, nbytes=10)["c0"]
+    holder = chunks_on(sim, 1, nbytes=MEDIUM)["c0"]
     other = "b" if holder == "a" else "a"
     pause(sim, holder)  # tasks on c0 run on the other worker
     assert fetched_by_a_task(sim, "j0", ["c0"]) == other
@@ -222,9 +223,18 @@ def test_a_fetched_copy_stays_while_another_task_there_needs_it() -> None:
     assert holders_of(sim, "c0") == {holder}
 
 
+def test_a_small_fetched_copy_is_kept() -> None:
+    sim = two_workers()
+    holder = chunks_on(sim, 1, nbytes=MEDIUM // 4)["c0"]
+    pause(sim, holder)
+    fetched_by_a_task(sim, "j0", ["c0"])
+    sim.finish("j0")
+    assert holders_of(sim, "c0") == {"a", "b"}
+
+
 def test_a_copy_asked_for_or_the_last_in_service_is_kept() -> None:
     sim = two_workers()
-    holder = chunks_on(sim, 1, nbytes=10)["c0"]
+    holder = chunks_on(sim, 1, nbytes=MEDIUM)["c0"]
     other = "b" if holder == "a" else "a"
     pause(sim, holder)
     fetched_by_a_task(sim, "j0", ["c0"])
@@ -233,7 +243,7 @@ def test_a_copy_asked_for_or_the_last_in_service_is_kept() -> None:
     assert holders_of(sim, "c0") == {"a", "b"}
     # Fetched while the only other holder retires: kept, it is the copy that stays.
     sim = two_workers()
-    holder = chunks_on(sim, 1, nbytes=10)["c0"]
+    holder = chunks_on(sim, 1, nbytes=MEDIUM)["c0"]
     other = "b" if holder == "a" else "a"
     pause(sim, holder)
     fetched_by_a_task(sim, "j0", ["c0"])
