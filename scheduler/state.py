@@ -1545,11 +1545,12 @@ class Settings:
         self.prefetch = int(config.get("scheduler.worker-prefetch"))
         self.locality_bytes = float(config.get("scheduler.locality-bytes"))
         self.bandwidth = float(config.get("scheduler.bandwidth"))
-        if self.locality_bytes < 0 or self.bandwidth <= 0:
+        if self.locality_bytes < 0:
             raise ValueError(
-                "scheduler.locality-bytes must be 0 or more and scheduler.bandwidth more "
-                f"than 0, got {self.locality_bytes:g} and {self.bandwidth:g}"
+                f"scheduler.locality-bytes must be 0 or more, got {self.locality_bytes}"
             )
+        if self.bandwidth <= 0:
+            raise ValueError(f"scheduler.bandwidth must be more than 0, got {self.bandwidth}")
         self.allowed_failures = int(config.get("scheduler.allowed-failures"))
         timeout = config.get("scheduler.no-worker-timeout")
         self.no_worker_timeout: float | None = None if timeout is None else float(timeout)

@@ -4,6 +4,8 @@ unless that worker cannot take it (paused, retiring, gone)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.unit.sim import FakeClock, Sim, task
 
 MIB = 2**20
@@ -255,3 +257,10 @@ def test_a_copy_asked_for_or_the_last_in_service_is_kept() -> None:
 def pause(sim: Sim, address: str) -> None:
     sim.state.handle_worker_status(address, {"op": "worker-status", "status": "paused"})
     sim.step()
+
+
+def test_a_bandwidth_of_zero_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"scheduler\.bandwidth must be more than 0, got 0"):
+        two_workers(**{"scheduler.bandwidth": 0})
+    with pytest.raises(ValueError, match=r"scheduler\.locality-bytes must be 0 or more, got -1"):
+        two_workers(**{"scheduler.locality-bytes": -1})
