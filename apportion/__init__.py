@@ -9,7 +9,7 @@
 from apportion import config
 from apportion.actors import Actor, ActorFuture
 from apportion.annotations import annotate
-from apportion.client import Client, NoWorkerWarning, QuotaWarning
+from apportion.client import Client, NoWorkerWarning, QuotaWarning, WorkerPausedWarning
 from apportion.coordination import Event, Lock, Queue, Semaphore, Variable
 from apportion.core.context import TaskInfo, WorkerInfo, get_worker
 from apportion.data import fire_and_forget
@@ -72,6 +72,7 @@ __all__ = [
     "TaskTimeoutError",
     "Variable",
     "WorkerInfo",
+    "WorkerPausedWarning",
     "annotate",
     "as_completed",
     "config",

@@ -54,6 +54,7 @@ from apportion.futures import Future, FutureState, blocking_wait, collect_future
 from apportion.lineage import failed as failed_lineage
 from apportion.local import LocalCluster
 from apportion.logs import line_count, recent_lines, show_task_output
+from apportion.memory_limit import format_size
 from apportion.placement_group import PlacementGroup, group_option
 from apportion.progress import progress
 from apportion.protocol import CommClosedError, Message
@@ -92,6 +93,24 @@ class NoWorkerWarning(UserWarning):
 
 class QuotaWarning(UserWarning):
     """Tasks wait because their tenant holds its quota (``scheduler.tenants.<name>.quota``)."""
+
+
+class WorkerPausedWarning(UserWarning):
+    """A worker's memory passed its pause threshold: it starts no new task until it falls
+    back (``worker.memory.pause``). Warned once each time a worker pauses."""
+
+
+def warn_worker_paused(message: Message) -> None:
+    """The scheduler's notice that a worker paused (``worker-paused``), as a warning."""
+    rss, limit = message.get("rss"), message.get("limit")
+    memory = f"{format_size(rss)} of its {format_size(limit)} limit" if rss and limit else ""
+    warnings.warn(
+        f"worker {message['worker']} ({message['address']}) paused: its memory "
+        f"({memory or 'unknown'}) passed its pause threshold; it starts no new task until "
+        "its memory falls back (spill, or release results)",
+        WorkerPausedWarning,
+        stacklevel=1,
+    )
 
 
 # The latest client made in this process (what objects made without ``client=`` use:
@@ -173,6 +192,7 @@ class Client(metaclass=_ClientType):
         self._kept: dict[str, KeptArgument] = {}
         self._warned: set[tuple] = set()
         self.session.on("no-worker", self._on_no_worker)
+        self.session.on("worker-paused", warn_worker_paused)
         self.session.on("task-output", show_task_output)
         self.session.on("over-quota", _warn_over_quota)
         if self.asynchronous:  # connected when awaited, without blocking the caller's loop

@@ -79,6 +79,23 @@ SETTINGS: tuple[Setting, ...] = (
         "Tasks handed to a worker beyond its thread count, to hide the round trip.",
     ),
     Setting(
+        "scheduler.locality-bytes",
+        "number",
+        16 * 2**20,
+        "A task whose inputs on one worker add up to this many bytes or more runs on that "
+        "worker, waiting for a free slot there rather than moving the inputs, unless the "
+        "worker cannot take it (paused, retiring, or not fitting the task's resources), or "
+        "the wait passes the time the inputs would take to move (see scheduler.bandwidth).",
+    ),
+    Setting(
+        "scheduler.bandwidth",
+        "number",
+        100e6,
+        "Bytes per second assumed for moving a task's inputs between workers (as Dask's "
+        "distributed.scheduler.bandwidth): a task waits for the worker holding its large "
+        "inputs at most as long as moving them would take.",
+    ),
+    Setting(
         "scheduler.allowed-failures",
         "integer",
         3,

@@ -160,7 +160,44 @@ def with_loopback_samples(floor: dict[str, object], samples: list[float]) -> dic
     }
 
 
-def measure() -> dict[str, object]:
+def shape_samples(sizes_mb: tuple[int, ...]) -> dict[str, list[float]]:
+    """Loopback TCP into new memory of each size of the data workload (MB/s): the floor
+    each of its transfer rows is read against. Small transfers swing most from sample to
+    sample, so they are sampled more."""
+    return {
+        str(mb): [
+            loopback_tcp_mb_per_s(mb * 1_000_000, into="new") for _ in range(5 if mb < 100 else 1)
+        ]
+        for mb in sizes_mb
+    }
+
+
+def with_shape_samples(
+    floor: dict[str, object], samples: dict[str, list[float]]
+) -> dict[str, object]:
+    """``floor`` with more samples of each size's shape: each figure is the median of all
+    the samples of its size taken in the run."""
+    before = floor.get("shape_samples_mb_per_s")
+    every: dict[str, list[float]] = dict(before) if isinstance(before, dict) else {}
+    for size, taken in samples.items():
+        every[size] = sorted([*every.get(size, []), *taken])
+    return {
+        **floor,
+        "shape_samples_mb_per_s": every,
+        "shape_new_mb_per_s": {
+            size: round(statistics.median(values), 1) for size, values in every.items()
+        },
+    }
+
+
+def shape_floor(floor: dict[str, object] | None, mb: int) -> float | None:
+    """The floor of a transfer of ``mb`` MB measured in the run (None if it was not)."""
+    shapes = (floor or {}).get("shape_new_mb_per_s")
+    value = shapes.get(str(mb)) if isinstance(shapes, dict) else None
+    return float(value) if value else None
+
+
+def measure(sizes_mb: tuple[int, ...] = ()) -> dict[str, object]:
     return {
         "round_trip_us": round_trip_us(),
         "cpu_loop_s": min(cpu_loop_s() for _ in range(3)),
@@ -170,7 +207,7 @@ def measure() -> dict[str, object]:
         "loopback_tcp_400mb_made_mb_per_s": loopback_tcp_mb_per_s(400_000_000, into="made"),
         "loopback_tcp_400mb_new_mb_per_s": loopback_tcp_mb_per_s(400_000_000, into="new"),
         "memcpy_gb_per_s": memcpy_gb_per_s(),
-    }
+    } | with_shape_samples({}, shape_samples(sizes_mb))
 
 
 def describe(floor: dict[str, object] | None) -> str:
@@ -191,6 +228,18 @@ def describe(floor: dict[str, object] | None) -> str:
             else ""
         )
         + _whole_transfers(floor)
+        + _shapes(floor)
+    )
+
+
+def _shapes(floor: dict[str, object]) -> str:
+    shapes = floor.get("shape_new_mb_per_s")
+    if not isinstance(shapes, dict) or not shapes:
+        return ""
+    each = ", ".join(f"{size} MB {value:,.0f}" for size, value in shapes.items())
+    return (
+        f" Loopback TCP into new memory of each data transfer's size (the floor of its "
+        f"rows, medians over the run): {each} MB/s."
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,27 @@ from benchmarks.workloads import METRICS, Metric
 
 NA = "n/a"
 
+# The data plane's targets for each transfer over TCP: at least this share of the floor of
+# its own shape (loopback TCP into new memory of the same size, measured in the same run),
+# and at least this many times Dask's figure in the same run.
+OF_FLOOR = 0.9
+OVER_DASK = 1.2
+# Peak resident memory of any process: at most this many times the largest payload.
+RSS_OVER_PAYLOAD = 1.5
+# The rows read against their shape's floor: (metric suffix, label).
+TCP_ROWS = (
+    ("worker_to_worker", "worker to worker"),
+    ("gather", "client gather"),
+    ("submit", "client submit as argument"),
+)
+RSS_ROWS = ("data_peak_rss_sender_mb", "data_peak_rss_receiver_mb", "data_peak_rss_client_mb")
 
-def summarise(runs: list[dict[str, Any]], systems: list[str]) -> dict[str, Any]:
-    """Median per system and metric; apportion's advantage over each peer (>1: apportion wins)."""
+
+def summarise(
+    runs: list[dict[str, Any]], systems: list[str], machine_floor: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Median per system and metric; apportion's advantage over each peer (>1: apportion
+    wins); the data plane read against the floors of ``machine_floor`` (see data_plane)."""
     medians: dict[str, dict[str, float]] = {}
     for system in systems:
         medians[system] = {}
@@ -41,7 +60,57 @@ def summarise(runs: list[dict[str, Any]], systems: list[str]) -> dict[str, Any]:
         for m in METRICS
         if m.target is not None and m.name in mine
     }
-    return {"medians": medians, "ratios": ratios, "targets": targets}
+    summary = {"medians": medians, "ratios": ratios, "targets": targets}
+    return {**summary, "data_plane": data_plane(summary, machine_floor)}
+
+
+def data_plane(summary: dict[str, Any], machine_floor: dict[str, Any] | None) -> dict[str, Any]:
+    """Each TCP transfer row of apportion against the floor of its own shape (loopback TCP
+    into new memory of the same size, measured in the same run), the cached-loopback
+    ratio beside it (for information), and its ratio to Dask; met when it reaches
+    ``OF_FLOOR`` of the floor and ``OVER_DASK`` times Dask (where Dask ran). Then each
+    peak RSS against ``RSS_OVER_PAYLOAD`` times the largest payload."""
+    mine = summary["medians"].get("apportion", {})
+    dask = summary["ratios"].get("dask", {})
+    cached = (machine_floor or {}).get("loopback_tcp_mb_per_s")
+    rows: dict[str, Any] = {}
+    sizes = sorted(
+        {int(found[1]) for name in mine if (found := re.match(r"data_(\d+)mb_", name))}
+        | {int(size) for size in (machine_floor or {}).get("shape_new_mb_per_s", {})}
+    )
+    for mb in sizes:
+        shape = floor.shape_floor(machine_floor, mb)
+        for what, label in TCP_ROWS:
+            name = f"data_{mb}mb_{what}_mb_per_s"
+            value = mine.get(name)
+            if value is None:
+                continue
+            of_floor = value / shape if shape else None
+            over_dask = dask.get(name)
+            met = None
+            if of_floor is not None:
+                met = of_floor >= OF_FLOOR and (over_dask is None or over_dask >= OVER_DASK)
+            rows[name] = {
+                "label": f"{mb} MB array: {label}",
+                "mb_per_s": value,
+                "floor_mb_per_s": shape,
+                "of_floor": of_floor,
+                "of_cached_loopback": value / float(cached) if cached else None,
+                "over_dask": over_dask,
+                "task_pass_ms": mine.get(f"data_{mb}mb_task_pass_ms"),
+                "met": met,
+            }
+    payload = max(sizes, default=0)
+    for name in RSS_ROWS:
+        value = mine.get(name)
+        if value is not None and payload:
+            rows[name] = {
+                "mb": value,
+                "payload_mb": payload,
+                "over_payload": value / payload,
+                "met": value <= RSS_OVER_PAYLOAD * payload,
+            }
+    return rows
 
 
 def _meets(metric: Metric, value: float | None) -> bool | None:
@@ -119,7 +188,69 @@ def markdown(results: dict[str, Any]) -> str:
         lines += ["", machine]
     if scheduler := _scheduler(meta):
         lines += ["", scheduler + "."]
+    if plane := _plane_rows(results, ("met", "MISSED")):
+        head = ["data plane (TCP)", *PLANE_HEAD]
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(row) + " |" for row in plane]
+        lines += ["", PLANE_NOTE]
     return "\n".join(lines) + "\n"
+
+
+PLANE_HEAD = [
+    "MB/s",
+    "floor (new memory, same size)",
+    "of floor",
+    "of cached loopback",
+    "x dask",
+    "sum where it is (ms)",
+    "target",
+]
+PLANE_NOTE = (
+    f"Target per TCP row: at least {OF_FLOOR:.0%} of its floor (loopback TCP into new memory "
+    f"of the same size, measured in the same run) and at least {OVER_DASK:g}x Dask in the "
+    "same run; the transfer is timed without a pass over the array (its sum, where it is, "
+    "is shown apart); the ratio to cached loopback is for information. Peak RSS: at most "
+    f"{RSS_OVER_PAYLOAD:g}x the largest payload."
+)
+
+
+def _plane_rows(results: dict[str, Any], marks: tuple[str, str]) -> list[list[str]]:
+    """The data plane's rows (see data_plane) as table cells; ``marks``: (met, missed)."""
+    rows = []
+    for name, row in results.get("data_plane", {}).items():
+        mark = NA if row["met"] is None else marks[0] if row["met"] else marks[1]
+        if "mb_per_s" in row:
+            rows.append(
+                [
+                    row["label"],
+                    _fmt(row["mb_per_s"]),
+                    _fmt(row["floor_mb_per_s"]),
+                    _percent(row["of_floor"]),
+                    _percent(row["of_cached_loopback"]),
+                    NA if row["over_dask"] is None else f"{row['over_dask']:.2f}x",
+                    _fmt(row["task_pass_ms"]),
+                    f"{OF_FLOOR:.0%} of floor, {OVER_DASK:g}x dask {mark}",
+                ]
+            )
+        else:
+            label = next(m.label for m in METRICS if m.name == name)
+            rows.append(
+                [
+                    label,
+                    f"{_fmt(row['mb'])} MB",
+                    f"payload {_fmt(row['payload_mb'])} MB",
+                    f"{row['over_payload']:.2f}x payload",
+                    "",
+                    "",
+                    "",
+                    f"<= {RSS_OVER_PAYLOAD:g}x payload {mark}",
+                ]
+            )
+    return rows
+
+
+def _percent(value: float | None) -> str:
+    return NA if value is None else f"{value:.0%}"
 
 
 def _scheduler(meta: dict[str, Any]) -> str:
@@ -163,6 +294,15 @@ def print_table(results: dict[str, Any]) -> None:
         table.add_row(*row)
     Console(width=170).print(table)
     print("x peer: apportion's advantage (>1 = apportion better; for times, peer/apportion)")
+    if plane := _plane_rows(results, ("[green]✓[/]", "[red]✗[/]")):
+        table = Table(title="data plane (TCP) against the floor of each transfer's shape")
+        table.add_column("workload")
+        for head in PLANE_HEAD:
+            table.add_column(head, justify="right")
+        for row in plane:
+            table.add_row(*row)
+        Console(width=170).print(table)
+        print(PLANE_NOTE)
 
 
 def draw(results: dict[str, Any], path: Path) -> None:

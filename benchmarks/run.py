@@ -149,11 +149,14 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: list[dict[str, Any]] = []
     uptime_start, engine_start = _output(["uptime"]), _engine_revision()
-    machine_floor = floor.measure()
+    # The data rows' floors: loopback TCP into new memory of each transfer's size.
+    shapes = sizes.data_mb if "data" in cluster_workloads else ()
+    machine_floor = floor.measure(shapes)
     for rep in range(reps):
         _wait_for_low_load(opts.max_load, 30)
         if rep:  # the loopback figure is read over the whole run (floor.LOOPBACK_SAMPLES)
             machine_floor = floor.with_loopback_samples(machine_floor, floor.loopback_samples())
+            machine_floor = floor.with_shape_samples(machine_floor, floor.shape_samples(shapes))
         for system in _rotate(systems, rep):
             log = logs / f"{system}.log"
             tasks: list[tuple[str, list[str]]] = []
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"rep {rep + 1}/{reps} {system:9} {mode:10} {status}", file=sys.stderr)
     uptime_end = _output(["uptime"])
 
-    results = report.summarise(runs, systems)
+    results = report.summarise(runs, systems, machine_floor)
     results["meta"] = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "quick": opts.quick,

@@ -205,22 +205,30 @@ def stream(session: Session, sizes: Sizes) -> dict[str, float]:
     }
 
 
-def _worker_to_worker(session: Session, nbytes: int) -> tuple[Any, float, float]:
-    """An array made on bigmem (untimed), then summed on a GPU worker: the array's
-    future, the sum and the seconds the sum took."""
+def _worker_to_worker(session: Session, nbytes: int) -> tuple[Any, float, float, float]:
+    """An array made on bigmem (untimed), summed there (the task's own pass over it,
+    timed apart), then taken by a task on a GPU worker that only reads its size (the
+    transfer, timed without a pass over the array): the array's future, the sum, the
+    seconds of the transfer and of the sum."""
     array = session.submit(make_array, nbytes, resources={"MEMORY": 1})
     # Made (and only then timed): a task on the same worker reads its size.
     assert session.result(session.submit(array_nbytes, array, resources={"MEMORY": 1}))
     start = time.perf_counter()
-    total = session.result(session.submit(array_sum, array, resources={"GPU": 1}))
-    return array, total, time.perf_counter() - start
+    total = session.result(session.submit(array_sum, array, resources={"MEMORY": 1}))
+    summed = time.perf_counter() - start
+    start = time.perf_counter()
+    got = session.result(session.submit(array_nbytes, array, resources={"GPU": 1}))
+    assert got == nbytes, "data: wrong answer"
+    return array, total, time.perf_counter() - start, summed
 
 
 def data(session: Session, sizes: Sizes) -> dict[str, float]:
-    """numpy arrays of each size on the seed cluster: made on bigmem, summed on a GPU worker
-    (worker to worker), gathered by the client, and sent by the client as an argument
-    (MB/s; each includes one small task's round trip); then the peak resident memory of
-    the sending worker, the client and a receiving worker (MB, over all sizes).
+    """numpy arrays of each size on the seed cluster: made on bigmem, taken by a task on a
+    GPU worker (worker to worker), gathered by the client, and sent by the client as an
+    argument (MB/s; each includes one small task's round trip, and no pass over the array:
+    the receiving task reads its size; the time of a sum over it, where it is, is a row of
+    its own); then the peak resident memory of the sending worker, the client and a
+    receiving worker (MB, over all sizes).
 
     Worker to worker and gather are measured over the network path (TCP; a system that
     can turn its shared memory off, ``session.share_memory``, does so for them) and, for
@@ -235,15 +243,18 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
     # Untimed: connections between the workers and to the client are opened first.
     warm = session.submit(make_array, 1_000_000, resources={"MEMORY": 1})
     session.result(session.submit(array_sum, warm, resources={"GPU": 1}))
-    session.result(session.submit(array_sum, np.ones(100_000), resources={"GPU": 1}))
+    # (2 MB: an argument of 1 MiB or more goes from the client straight to a worker, over
+    # a connection of its own, opened here rather than in the first timed submit.)
+    session.result(session.submit(array_sum, np.ones(250_000), resources={"GPU": 1}))
     session.result(warm)
     del warm
     for mb in sizes.data_mb:
         nbytes = mb * 1_000_000
         if share is not None:
             share(False)
-        array, total, seconds = _worker_to_worker(session, nbytes)
+        array, total, seconds, summed = _worker_to_worker(session, nbytes)
         metrics[f"data_{mb}mb_worker_to_worker_mb_per_s"] = mb / seconds
+        metrics[f"data_{mb}mb_task_pass_ms"] = summed * 1e3
         start = time.perf_counter()
         gathered = session.result(array)
         metrics[f"data_{mb}mb_gather_mb_per_s"] = mb / (time.perf_counter() - start)
@@ -252,7 +263,7 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
         if share is not None:
             share(True)
         if share is not None or always_shared:
-            array, shared_total, seconds = _worker_to_worker(session, nbytes)
+            array, shared_total, seconds, _ = _worker_to_worker(session, nbytes)
             metrics[f"data_{mb}mb_worker_to_worker_shared_mb_per_s"] = mb / seconds
             assert shared_total == total, "data: wrong answer"
             start = time.perf_counter()
@@ -262,9 +273,9 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
             del array, gathered
         local = np.ones(nbytes // 8)
         start = time.perf_counter()
-        sent = session.result(session.submit(array_sum, local, resources={"GPU": 1}))
+        sent = session.result(session.submit(array_nbytes, local, resources={"GPU": 1}))
         metrics[f"data_{mb}mb_submit_mb_per_s"] = mb / (time.perf_counter() - start)
-        assert total == sent == nbytes // 8, "data: wrong answer"
+        assert total == nbytes // 8 and sent == nbytes, "data: wrong answer"
         del local
     metrics["data_peak_rss_sender_mb"] = session.result(
         session.submit(peak_rss_mb, resources={"MEMORY": 1})
@@ -367,6 +378,16 @@ METRICS: list[Metric] = [
             ("gather_shared", "client gather, shared memory"),
             ("submit", "client submit as argument"),
         )
+    ),
+    *(
+        Metric(
+            f"data_{mb}mb_task_pass_ms",
+            f"{mb} MB array: a sum over it where it is",
+            "ms",
+            False,
+            None,
+        )
+        for mb in Sizes().data_mb
     ),
     Metric("data_peak_rss_sender_mb", "data: peak RSS, sending worker", "MB", False, None),
     Metric("data_peak_rss_receiver_mb", "data: peak RSS, a receiving worker", "MB", False, None),

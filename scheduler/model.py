@@ -120,6 +120,7 @@ class WorkerState:
     __slots__ = (
         "address",
         "closing",
+        "fetched",
         "fitting_shapes",
         "free",
         "gang",
@@ -128,6 +129,7 @@ class WorkerState:
         "idle_since",
         "info",
         "last_seen",
+        "local",
         "max_slots",
         "memory",
         "memory_limit",
@@ -179,6 +181,12 @@ class WorkerState:
         # the task was cancelled meanwhile: that is when its resources are really free.
         self.processing: dict[int, TaskState] = {}
         self.has_what: set[TaskState] = set()
+        # The results of has_what copied here only as inputs of tasks here (not asked for):
+        # dropped once no task here needs them, if a worker in service holds another copy.
+        self.fetched: set[TaskState] = set()
+        # Tasks waiting for a slot here because their large inputs are here (a heap kept
+        # by placement.LocalQueues: priority, submission, order, task, attempt).
+        self.local: list[tuple[int, int, int, TaskState, int]] = []
         self.fitting_shapes: set[Shape] = set()
         # The ready queues of those shapes, cached by ReadyQueues (see ReadyQueues.pop_for).
         self.menu: list[Any] = []

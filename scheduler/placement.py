@@ -8,6 +8,13 @@ Data locality wins only where it saves more than it costs: a holder whose thread
 all busy (it would take the task into a prefetch slot, to wait there) is preferred to an
 idle worker only for dependencies of ``LOCALITY_BYTES`` or more; smaller ones move.
 
+Large inputs stay where they are (``locality_holder``): a task whose inputs on one worker
+add up to ``scheduler.locality-bytes`` or more runs there. With no free slot there it
+waits for one in that worker's own queue (``LocalQueues``), for at most as long as moving
+those bytes would take (``bytes / scheduler.bandwidth``, Dask's transfer-cost estimate);
+past that it may also go to any worker with nothing of its own to do. Without durations,
+the wait is how the holder's occupancy is measured against the cost of the transfer.
+
 Reservations: a task with resources that cannot start anywhere reserves one worker
 (``pick_reservation``), so smaller demands cannot keep refilling the units it waits for.
 Only demands that something smaller could starve reserve (``reserving_shapes``).
@@ -44,11 +51,45 @@ if TYPE_CHECKING:
 # Dependency bytes worth waiting for a busy holder rather than moving them to a worker
 # that can start at once: below this, copying them (shared memory on one host, some
 # milliseconds a megabyte over a network) costs less than the queue behind a running task.
+# The default of scheduler.locality-bytes.
 LOCALITY_BYTES = 16 * 2**20
 
 
 def can_start(ws: WorkerState, shape: Shape) -> bool:
     return len(ws.processing) < ws.slots and fits(shape, ws.free)
+
+
+def locality_holder(
+    ts: TaskState, fitting: set[WorkerState], threshold: float
+) -> tuple[WorkerState, int] | None:
+    """The worker ``ts`` should run on because it holds ``threshold`` bytes or more of
+    its inputs (the one holding most, among those that can take it: fitting its demand and
+    taking work), with those bytes; None when no worker holds that much, or none that
+    holds that much can take it."""
+    total = 0
+    for dep in ts.dependencies:
+        total += dep.nbytes
+    if total < threshold:  # the usual case, decided without counting per worker
+        return None
+    held: dict[WorkerState, int] = {}
+    for dep in ts.dependencies:
+        for holder in dep.who_has:
+            held[holder] = held.get(holder, 0) + dep.nbytes
+    best: WorkerState | None = None
+    best_bytes = 0
+    for holder, nbytes in held.items():
+        if (
+            nbytes >= threshold
+            and holder.slots > 0  # paused for memory or retiring: it takes no work
+            and holder in fitting
+            and (
+                best is None
+                or nbytes > best_bytes
+                or (nbytes == best_bytes and len(holder.processing) < len(best.processing))
+            )
+        ):
+            best, best_bytes = holder, nbytes
+    return None if best is None else (best, best_bytes)
 
 
 def pick_worker(
@@ -57,13 +98,14 @@ def pick_worker(
     with_slots: Iterable[WorkerState],
     idle: Iterable[WorkerState] = (),
     floor: float = 0.0,
+    locality_bytes: float = LOCALITY_BYTES,
 ) -> WorkerState | None:
     """Choose a worker that can start ``ts`` now, or None if every fitting worker is full.
 
     ``idle`` (optional) lists the workers of ``with_slots`` running nothing; they are tried
     first, in the order given. ``floor`` is a lower bound on the load of the others: the
     scan stops at the first worker reaching it, so a busy cluster is not scanned whole for
-    every task.
+    every task. ``locality_bytes``: see the module's docstring.
     """
     if ts.dependencies:
         best: WorkerState | None = None
@@ -76,7 +118,7 @@ def pick_worker(
             if held > best_bytes and holder in fitting and can_start(holder, ts.shape):
                 best, best_bytes = holder, held
         if best is not None and (
-            len(best.processing) < best.nthreads or best_bytes >= LOCALITY_BYTES
+            len(best.processing) < best.nthreads or best_bytes >= locality_bytes
         ):
             return best
         # The holder would only queue it: a worker that can start it now is better, and the
@@ -319,6 +361,76 @@ class _ShapeQueue:
         return list(found)
 
 
+class LocalQueues:
+    """Tasks waiting for a slot on the worker holding their large inputs.
+
+    Each worker's queue (``WorkerState.local``) is a heap by priority, then submission;
+    beside them, one heap of the deadlines after which a waiting task may also go
+    elsewhere. Entries are dropped lazily: one whose task is no longer queued, or was
+    placed since (a newer attempt), is stale. A task queued here twice (it left the queue
+    and came back) is taken once: the first entry met places it, so the other is stale.
+    """
+
+    __slots__ = ("deadlines", "order")
+
+    def __init__(self) -> None:
+        # (deadline, order, task, the attempt it waits for, worker)
+        self.deadlines: list[tuple[float, int, TaskState, int, WorkerState]] = []
+        self.order = 0  # ties between equal keys: never compare tasks or workers
+
+    def push(self, ts: TaskState, ws: WorkerState, deadline: float) -> None:
+        self.order += 1
+        heapq.heappush(ws.local, (-ts.priority, ts.seq, self.order, ts, ts.attempt))
+        heapq.heappush(self.deadlines, (deadline, self.order, ts, ts.attempt, ws))
+
+    def head(self, ws: WorkerState) -> TaskState | None:
+        """The most urgent task waiting on ``ws`` (stale entries dropped on the way)."""
+        local = ws.local
+        while local:
+            _, _, _, ts, attempt = local[0]
+            if ts.state == "queued" and ts.attempt == attempt:
+                return ts
+            heapq.heappop(local)
+        return None
+
+    def pop(self, ws: WorkerState) -> TaskState | None:
+        """Remove and return the head of ``ws``'s queue (see ``head``)."""
+        ts = self.head(ws)
+        if ts is not None:
+            heapq.heappop(ws.local)
+        return ts
+
+    def take_all(self, ws: WorkerState) -> list[TaskState]:
+        """Empty ``ws``'s queue (it can take no more work): its live tasks, most urgent
+        first."""
+        found: dict[TaskState, None] = {}
+        for _, _, _, ts, attempt in sorted(ws.local):
+            if ts.state == "queued" and ts.attempt == attempt:
+                found[ts] = None
+        ws.local = []
+        return list(found)
+
+    def next_deadline(self) -> float | None:
+        deadlines = self.deadlines
+        while deadlines:
+            _, _, ts, attempt, _ = deadlines[0]
+            if ts.state == "queued" and ts.attempt == attempt:
+                return deadlines[0][0]
+            heapq.heappop(deadlines)
+        return None
+
+    def expired(self, now: float) -> list[TaskState]:
+        """The tasks whose wait ended by ``now``: they may go to any worker from now on
+        (they stay in their holder's queue too, whichever takes them first)."""
+        found: list[TaskState] = []
+        deadlines = self.deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, _, ts, attempt, _ = heapq.heappop(deadlines)
+            if ts.state == "queued" and ts.attempt == attempt:
+                found.append(ts)
+        return found
+
+
 class ReadyQueues:
     """Ready tasks bucketed by demand shape; each bucket ordered by (priority, submission)."""
 
@@ -337,6 +449,8 @@ class ReadyQueues:
         # With tenants declared (tenants.py): queues are per tenant and shape, and the
         # tenant of lowest rank goes first; None (no tenants): priority, then submission.
         self.fair: Fairness | None = None
+        # Tasks waiting for the worker holding their large inputs (see locality_holder).
+        self.local = LocalQueues()
 
     def held_for(self, ts: TaskState) -> None:
         """``ts`` holds a reservation now."""

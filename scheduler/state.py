@@ -42,8 +42,10 @@ from apportion.scheduler.model import (
 )
 from apportion.scheduler.placement import (
     ReadyQueues,
+    can_start,
     explain_no_worker,
     fits_unused,
+    locality_holder,
     pick_reservation,
     pick_worker,
     reserving_shapes,
@@ -90,6 +92,10 @@ Message = dict[str, Any]
 # twice as many: the oldest are dropped in bulk): bounded whatever the number of tasks,
 # at 32 bytes per change.
 STORY_LENGTH = 100_000
+# A copy of a result fetched as a task's input is dropped once no task on its worker needs
+# it only from this size on (see _drop_fetched): a smaller copy costs little memory, and
+# dropping it costs messages and may cost a fetch again.
+DROPPED_COPY_BYTES: Final = 2**20
 # Entries of the story log per change: key, from, to, reason (flat, so that recording a
 # change allocates nothing); after each batch that changed some, None, the wall clock and
 # two blanks (see take_outbox and story).
@@ -536,7 +542,9 @@ class SchedulerState:
         ws.processing.clear()
         if self.groups is not None:  # its bundles are placed again, its claims dropped
             self.groups.worker_lost(ws)
-        # 3. Queued tasks no remaining worker could ever run now wait in no-worker.
+        # 3. Queued tasks no remaining worker could ever run now wait in no-worker; those
+        # waiting for it (their inputs were there) go to any other.
+        self._requeue_local(ws)
         for ts in orphaned:
             if ts.state == "queued":  # not sent back to waiting by a lost dependency above
                 self._set_state(ts, "released", "the last worker that fits it left")
@@ -582,11 +590,15 @@ class SchedulerState:
             logger.info("worker %s is closing: %s", ws.name, msg.get("reason", "no reason given"))
             ws.closing = True
             self._take_no_work(ws)
+            self._requeue_local(ws)
             return
         paused = msg.get("status") == "paused"
         if ws.paused == paused:
             return
         ws.paused = paused
+        measured = msg.get("memory")
+        if measured:
+            ws.memory = {**ws.memory, **measured}
         logger.log(
             logging.WARNING if paused else logging.INFO,
             "worker %s %s",
@@ -595,6 +607,17 @@ class SchedulerState:
         )
         if paused:
             self._take_no_work(ws)
+            self._requeue_local(ws)
+            # Clients hear of it once per pause: their work may slow down or wait.
+            notice = {
+                "op": "worker-paused",
+                "worker": ws.name,
+                "address": ws.address,
+                "rss": ws.memory.get("rss"),
+                "limit": ws.memory.get("limit", ws.memory_limit),
+            }
+            for client in self.clients:
+                self.send(client, notice)
             return
         if ws.retiring or ws.closing:
             return
@@ -716,11 +739,23 @@ class SchedulerState:
     ) -> list[str]:
         """Start retiring up to ``count`` (default: all) of the named workers; see
         ``retirement.start_retiring``."""
-        return start_retiring(self, requester, reply_id, names, count)
+        chosen = start_retiring(self, requester, reply_id, names, count)
+        for ws in list(self.workers.values()):
+            if ws.local and ws.slots == 0:  # retiring: the tasks waiting there go elsewhere
+                self._requeue_local(ws)
+        return chosen
 
     def handle_data_acquired(self, address: str, msg: Message) -> None:
-        """A worker holds a copy of a result now, as asked by ``acquire-data``."""
+        """A worker holds a copy of a result now, as asked by ``acquire-data``, or
+        fetched as an input of a task there (``replica``: dropped once no task there
+        needs it, see _drop_fetched)."""
         data_acquired(self, address, msg)
+        ws, ts = self.workers.get(address), self.tasks.get(msg["key"])
+        if ws is not None and ts is not None:
+            if msg.get("replica") and ws in ts.who_has and ts.nbytes >= DROPPED_COPY_BYTES:
+                ws.fetched.add(ts)
+            else:
+                ws.fetched.discard(ts)  # asked for (or small): kept
 
     def handle_acquire_failed(self, address: str, msg: Message) -> None:
         """A copy off retiring workers failed: those holders stay in service."""
@@ -802,6 +837,9 @@ class SchedulerState:
         recovery = recovery_deadline(self)
         if recovery is not None:
             deadlines.append(recovery)
+        local = self.ready.local.next_deadline()
+        if local is not None:
+            deadlines.append(local)
         if self.settings.no_worker_timeout is not None and self.no_worker:
             since = min(
                 ts.no_worker_since or 0.0 for tasks in self.no_worker.values() for ts in tasks
@@ -819,6 +857,14 @@ class SchedulerState:
         recovery = recovery_deadline(self)
         if recovery is not None and now >= recovery:
             end_recovery(self)
+        # Tasks that waited for their inputs' worker as long as moving them takes: any
+        # worker with nothing of its own to do may take them now.
+        expired = self.ready.local.expired(now)
+        for ts in expired:
+            self.ready.push(ts)
+        if expired:
+            for ws in list(self.with_slots):
+                self._fill(ws)
         if self.settings.no_worker_timeout is None:
             return
         if self.groups is not None:  # waits for groups no workers could host
@@ -899,6 +945,10 @@ class SchedulerState:
         if tenants is not None and not tenants.admit(ts):
             self._over_quota(ts, tenants)
             return
+        # Large inputs stay where they are: the task runs on their worker, or waits there.
+        if ts.dependencies and not ts.shape and type(ts.shape) is tuple:
+            if self._stay_near_inputs(ts, fitting):
+                return
         # No worker has a free slot: nothing can start now (the common case under load).
         ws = None
         if self.with_slots:
@@ -906,7 +956,12 @@ class SchedulerState:
                 ws = preferred_worker(ts, fitting)
             if ws is None:
                 ws = pick_worker(
-                    ts, fitting, self.with_slots, reversed(self.idle), 1 / self._max_threads
+                    ts,
+                    fitting,
+                    self.with_slots,
+                    reversed(self.idle),
+                    1 / self._max_threads,
+                    self.settings.locality_bytes,
                 )
         if ws is None and ts.priority > self._least_priority:
             ws = self._outranked_worker(ts, fitting)
@@ -931,6 +986,48 @@ class SchedulerState:
                 self.send(
                     client, {"op": "over-quota", "tenant": tenant.name, "quota": tenant.quota}
                 )
+
+    def _stay_near_inputs(self, ts: TaskState, fitting: set[WorkerState]) -> bool:
+        """Start ``ts`` (no resources demanded) on the worker holding its large inputs, or
+        queue it there until a slot comes free, for at most as long as moving the inputs
+        would take (``scheduler.bandwidth``); False when its inputs are small, or no
+        worker holding enough of them can take it."""
+        settings = self.settings
+        found = locality_holder(ts, fitting, settings.locality_bytes)
+        if found is None:
+            return False
+        holder, nbytes = found
+        if can_start(holder, ts.shape):
+            self._assign(ts, holder)
+            return True
+        self._set_state(ts, "queued", f"waits for a slot on {holder.name}, holding its inputs")
+        self.ready.local.push(ts, holder, self.clock() + nbytes / settings.bandwidth)
+        return True
+
+    def _requeue_local(self, ws: WorkerState) -> None:
+        """``ws`` takes no more work (paused, retiring, gone): the tasks waiting for it
+        there are placed again, as if just ready."""
+        for ts in self.ready.local.take_all(ws):
+            self._set_state(ts, "released", f"{ws.name}, holding its inputs, takes no work")
+            self._make_ready(ts)
+
+    def _fill_local(self, ws: WorkerState) -> None:
+        """Start the tasks waiting on ``ws`` for its slots, unless a queued task of higher
+        priority that ``ws`` could start is waiting too (then that one goes first)."""
+        ready, local = self.ready, self.ready.local
+        while len(ws.processing) < ws.slots:
+            ts = local.head(ws)
+            if ts is None:
+                return
+            other = ready.pop_for(ws) if ready.by_shape else None
+            if other is not None:
+                if other.priority > ts.priority:
+                    self._assign(other, ws)
+                    continue
+                if other is not ws.reserved_for:  # the holder was not taken out of its queue
+                    ready.push(other)  # back in its place
+            local.pop(ws)
+            self._assign(ts, ws)
 
     def _outranked_worker(self, ts: TaskState, fitting: set[WorkerState]) -> WorkerState | None:
         """A full worker whose runs waiting for a thread are less urgent than ``ts``.
@@ -1036,6 +1133,8 @@ class SchedulerState:
                 # Float sums of fractional demands drift; snap to the exact totals.
                 used[name] = left = 0 if -1e-9 < left < 1e-9 else left
                 free[name] = total[name] - left - held[name] if name in held else total[name] - left
+        if ws.fetched:
+            self._drop_fetched(ws)
         if ws.address in self.workers:
             if ws.gang is not None and self.groups is not None:
                 self.groups.worker_freed(ws)  # placement groups first: their claims, bundles
@@ -1060,6 +1159,32 @@ class SchedulerState:
             if len(ws.processing) < ws.slots:
                 self.with_slots[ws] = None
         return ts
+
+    def _drop_fetched(self, ws: WorkerState) -> None:
+        """Drop the copies ``ws`` fetched as inputs that no task there needs any more
+        (running, sent, or waiting there for a slot), where a worker in service holds
+        another: a result is not held twice in memory for nothing. (Only copies of
+        ``DROPPED_COPY_BYTES`` or more: smaller ones cost little memory, and may serve a
+        later task there.)"""
+        needed: set[TaskState] = set()
+        for run in ws.processing.values():
+            needed.update(run.dependencies)
+        for entry in ws.local:
+            needed.update(entry[3].dependencies)
+        dropped = []
+        for ts in list(ws.fetched):
+            if ts in needed:
+                continue
+            ws.fetched.discard(ts)
+            if ts.state != "memory" or ws not in ts.who_has:
+                continue  # released or lost meanwhile (freed there already)
+            if not any(other is not ws and not other.retiring for other in ts.who_has):
+                continue  # the copy that counts now
+            ts.who_has = self._without(ts.who_has, ws)
+            ws.has_what.discard(ts)
+            dropped.append(ts.key)
+        if dropped and ws.address in self.workers:
+            self.send(ws.address, {"op": "free-keys", "keys": dropped})
 
     # ------------------------------------------------------------ reservations
     # A queued task with resources reserves one worker that could host it (the one
@@ -1186,8 +1311,11 @@ class SchedulerState:
             self._assign(ts, ws)
 
     def _fill(self, ws: WorkerState) -> None:
-        """Hand queued tasks to a worker while it has free slots and resources."""
+        """Hand queued tasks to a worker while it has free slots and resources: those
+        waiting for it (their inputs are here) first."""
         ready = self.ready
+        if ws.local:
+            self._fill_local(ws)
         while len(ws.processing) < ws.slots and ready.by_shape:
             ts = ready.pop_for(ws)
             if ts is None:
@@ -1481,7 +1609,15 @@ class SchedulerState:
 class Settings:
     """The scheduler's settings read off the hot path (from the configuration)."""
 
-    __slots__ = ("allowed_failures", "groups", "no_worker_timeout", "prefetch", "tenants")
+    __slots__ = (
+        "allowed_failures",
+        "bandwidth",
+        "groups",
+        "locality_bytes",
+        "no_worker_timeout",
+        "prefetch",
+        "tenants",
+    )
 
     def __init__(self) -> None:
         self.groups: PlacementGroups | None = None  # (not a setting: see SchedulerState.groups)
@@ -1489,6 +1625,14 @@ class Settings:
         # when none is declared, so that the hot path pays one check for them.
         self.tenants: TenantShares | None = None
         self.prefetch = int(config.get("scheduler.worker-prefetch"))
+        self.locality_bytes = float(config.get("scheduler.locality-bytes"))
+        self.bandwidth = float(config.get("scheduler.bandwidth"))
+        if self.locality_bytes < 0:
+            raise ValueError(
+                f"scheduler.locality-bytes must be 0 or more, got {self.locality_bytes}"
+            )
+        if self.bandwidth <= 0:
+            raise ValueError(f"scheduler.bandwidth must be more than 0, got {self.bandwidth}")
         self.allowed_failures = int(config.get("scheduler.allowed-failures"))
         timeout = config.get("scheduler.no-worker-timeout")
         self.no_worker_timeout: float | None = None if timeout is None else float(timeout)

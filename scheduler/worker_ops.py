@@ -79,6 +79,13 @@ def check_worker_status(message: Message) -> None:
             f"'worker-status' needs 'status', one of {', '.join(WORKER_STATUSES)}, "
             f"not {message.get('status')!r}"
         )
+    memory = message.get("memory", {})
+    if not isinstance(memory, dict) or not all(
+        isinstance(memory.get(name, 0), int) for name in ("rss", "limit")
+    ):
+        raise ProtocolError(
+            f"'worker-status' 'memory' must map 'rss' and 'limit' to bytes, not {memory!r}"
+        )
 
 
 def on_worker_status(server: SchedulerShell, address: str, message: Message) -> None:

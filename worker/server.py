@@ -345,7 +345,8 @@ class Worker:
             if decision.paused == paused:
                 return
             with self._lock:
-                instructions = self.state.memory_pressure(decision.paused)
+                measured = {"rss": rss, "limit": limit}
+                instructions = self.state.memory_pressure(decision.paused, measured)
             if instructions:
                 logger.warning(
                     "worker %s %s: process memory %s of its %s limit",

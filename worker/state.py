@@ -594,15 +594,21 @@ class WorkerState:
             return [Resume(task)]
         return []  # waiting to rejoin already
 
-    def memory_pressure(self, paused: bool) -> list[Instruction]:
+    def memory_pressure(
+        self, paused: bool, memory: dict[str, int] | None = None
+    ) -> list[Instruction]:
         """The worker's memory passed its pause threshold (``paused``) or fell back under
         it: paused, no ready task starts (runs in threads go on); the scheduler hears of
-        each change, and places nothing here while paused."""
+        each change (with ``memory``, the measure that decided it: ``rss`` and ``limit``),
+        and places nothing here while paused."""
         if paused == self.paused:
             return []
         self.paused = paused
         status = "paused" if paused else "running"
-        instructions: list[Instruction] = [Send({"op": "worker-status", "status": status})]
+        message: Message = {"op": "worker-status", "status": status}
+        if memory is not None:
+            message["memory"] = memory
+        instructions: list[Instruction] = [Send(message)]
         if not paused:
             instructions.extend(self._start("memory-resumed"))
         return instructions

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from apportion import Client, LocalCluster, config, wait
+from apportion import Client, LocalCluster, WorkerPausedWarning, config, wait
 from apportion.errors import KilledWorkerError
 from apportion.memory_limit import available_memory
 
@@ -139,3 +140,50 @@ def test_a_memory_limit_that_means_nothing_is_refused_naming_it() -> None:
     )
     assert done.returncode != 0
     assert "--memory-limit" in done.stderr and "'lots'" in done.stderr
+
+
+def hold_ballast(nbytes: int) -> int:
+    """Hold ``nbytes`` of memory no result accounts for (spilling cannot free it)."""
+    import builtins
+
+    builtins.apportion_test_ballast = np.ones(nbytes, dtype=np.uint8)  # type: ignore[attr-defined]
+    return nbytes
+
+
+def drop_ballast() -> None:
+    import builtins
+
+    builtins.__dict__.pop("apportion_test_ballast", None)
+
+
+def test_the_client_is_warned_once_each_time_a_worker_pauses(tmp_path: Path) -> None:
+    settings = {
+        "worker.memory-limit": "1GiB",
+        "worker.memory.pause": 0.3,  # about 300 MiB: a fresh worker is well below
+        "worker.memory.terminate": False,
+        "worker.memory.spill-directory": str(tmp_path),
+    }
+    with (
+        config.set(settings),
+        LocalCluster(n_workers=1, threads_per_worker=1) as cluster,
+        Client(cluster) as client,
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+        (name,) = [w["name"] for w in client.scheduler_info()["workers"].values()]
+
+        def pauses() -> list[str]:
+            return [str(w.message) for w in caught if w.category is WorkerPausedWarning]
+
+        for episode in (1, 2):
+            client.run(hold_ballast, 400 * MIB)
+            wait_for(lambda n=episode: len(pauses()) == n)
+            client.run(drop_ballast)
+            wait_for(lambda: _status(client) == "running")
+        assert len(pauses()) == 2
+        assert f"worker {name} " in pauses()[0] and "MiB of its 1.00 GiB limit" in pauses()[0]
+
+
+def _status(client: Client) -> str:
+    (worker,) = client.scheduler_info()["workers"].values()
+    return str(worker["status"])

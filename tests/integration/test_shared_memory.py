@@ -18,6 +18,7 @@ import pytest
 
 from apportion import Client, LocalCluster, config, shared_memory
 from apportion.auth import TOKEN_ENV
+from apportion.data import copy_to_every_worker
 from tests.conftest import wait_until
 
 TWO_WORKERS = [{"name": "a", "resources": {"A": 1}}, {"name": "b", "resources": {"B": 1}}]
@@ -228,6 +229,9 @@ def test_a_mapped_copy_stays_valid_after_sigkill_of_the_maker_and_is_freed_on_re
     with LocalCluster(workers=TWO_WORKERS) as cluster, Client(cluster) as client:
         introduce(client)
         made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
+        # A copy kept on purpose (as scatter(broadcast=True) makes them): one fetched only
+        # as a task's input is dropped once the task is done.
+        copy_to_every_worker(client.session, [made], timeout=60)
         assert client.submit(np.sum, made, resources={"B": 1}).result(timeout=60) > 0
         held = segments(cluster.worker_pids["a"])
         assert held and held == segments(cluster.worker_pids["b"])

@@ -83,3 +83,57 @@ def test_the_loopback_figure_is_the_median_of_every_sample_over_the_run() -> Non
     assert "moves 2050 MB/s between two processes (median of 6 samples over the run," in text
     assert "1800-4700); memcpy 9 GB/s." in text
     assert len(floor.loopback_samples(2)) == 2
+
+
+def test_each_data_row_is_read_against_the_floor_of_its_own_shape() -> None:
+    from benchmarks import report
+
+    machine = floor.with_shape_samples(
+        {"loopback_tcp_mb_per_s": 2000.0}, {"10": [900.0, 1000.0, 1100.0], "400": [1200.0]}
+    )
+    machine = floor.with_shape_samples(machine, {"400": [1000.0, 800.0]})
+    assert floor.shape_floor(machine, 10) == 1000.0
+    assert floor.shape_floor(machine, 400) == 1000.0  # median of all three samples
+    assert floor.shape_floor(machine, 100) is None
+    assert "10 MB 1,000, 400 MB 1,000 MB/s" in floor.describe(
+        {
+            **machine,
+            "round_trip_us": {"p50": 1.0, "p99": 2.0},
+            "cpu_loop_s": 0.1,
+            "memcpy_gb_per_s": 9,
+        }
+    )
+    metrics = {
+        "data_10mb_worker_to_worker_mb_per_s": 950.0,  # 95% of its floor, 1.9x dask
+        "data_10mb_gather_mb_per_s": 850.0,  # 85%: short of the floor
+        "data_400mb_worker_to_worker_mb_per_s": 920.0,  # 92%, but 1.15x dask only
+        "data_400mb_task_pass_ms": 30.0,
+        "data_peak_rss_sender_mb": 590.0,
+        "data_peak_rss_client_mb": 610.0,
+    }
+    dask = {
+        "data_10mb_worker_to_worker_mb_per_s": 500.0,
+        "data_10mb_gather_mb_per_s": 400.0,
+        "data_400mb_worker_to_worker_mb_per_s": 800.0,
+    }
+    runs = [
+        {"system": "apportion", "metrics": metrics},
+        {"system": "dask", "metrics": dask},
+    ]
+    plane = report.summarise(runs, ["apportion", "dask"], machine)["data_plane"]
+    row = plane["data_10mb_worker_to_worker_mb_per_s"]
+    assert row["of_floor"] == 0.95 and row["over_dask"] == 1.9 and row["met"] is True
+    assert row["of_cached_loopback"] == 950.0 / 2000.0
+    assert plane["data_10mb_gather_mb_per_s"]["met"] is False
+    row = plane["data_400mb_worker_to_worker_mb_per_s"]
+    assert row["met"] is False and row["task_pass_ms"] == 30.0
+    assert plane["data_peak_rss_sender_mb"]["met"] is True  # 590 <= 1.5 x 400
+    assert plane["data_peak_rss_client_mb"]["met"] is False
+    results = {
+        **report.summarise(runs, ["apportion", "dask"], machine),
+        "meta": {"reps": 1, "quick": False, "versions": {}, "cpus": 2, "when": "now"}
+        | {"uptime_start": "", "uptime_end": ""},
+    }
+    text = report.markdown(results)
+    assert "| 10 MB array: client gather | 850 | 1,000 | 85% | 42% | 2.12x |" in text
+    assert "90% of floor, 1.2x dask MISSED" in text

@@ -6,9 +6,11 @@ import pytest
 from apportion.scheduler.model import TaskState, WorkerState
 from apportion.scheduler.placement import (
     LOCALITY_BYTES,
+    LocalQueues,
     ReadyQueues,
     can_start,
     explain_no_worker,
+    locality_holder,
     pick_worker,
 )
 
@@ -242,3 +244,65 @@ def test_a_busy_holder_is_still_chosen_when_no_other_worker_fits() -> None:
     ts = queued("t", {"GPU": 1})
     _holding(ts, holder, 1000)
     assert pick_worker(ts, {holder}, [holder, other], idle=[other]) is holder
+
+
+def _inputs(*held: tuple[int, WorkerState]) -> TaskState:
+    """A task whose inputs are of these sizes, each on its worker."""
+    ts = queued("t")
+    ts.dependencies = [queued(f"input-{i}") for i in range(len(held))]
+    for dep, (nbytes, holder) in zip(ts.dependencies, held, strict=True):
+        dep.nbytes, dep.who_has = nbytes, frozenset({holder})
+    return ts
+
+
+def test_locality_holder_is_the_worker_holding_most_input_bytes_past_the_threshold() -> None:
+    a, b = worker("a"), worker("b")
+    ts = _inputs((10, a), (100, b))
+    assert locality_holder(ts, {a, b}, 100) == (b, 100)
+    assert locality_holder(ts, {a, b}, 101) is None  # 110 in all, but no worker has 101
+    assert locality_holder(ts, {a, b}, 200) is None
+
+
+def test_locality_holder_skips_a_worker_that_cannot_take_the_task() -> None:
+    a, b = worker("a"), worker("b")
+    ts = _inputs((200, a), (150, b))
+    assert locality_holder(ts, {a, b}, 100) == (a, 200)
+    a.slots = 0  # paused or retiring
+    assert locality_holder(ts, {a, b}, 100) == (b, 150)
+    assert locality_holder(ts, {a}, 100) is None  # b does not fit its demand
+
+
+def test_local_queues_pop_by_priority_then_submission_and_drop_stale_entries() -> None:
+    ws = worker("w")
+    local = LocalQueues()
+    first, urgent, gone = (
+        queued("first", seq=1),
+        queued("urgent", priority=1, seq=3),
+        queued("gone", seq=0),
+    )
+    for ts in (first, urgent, gone):
+        local.push(ts, ws, deadline=10.0)
+    gone.state = "released"
+    assert local.pop(ws) is urgent
+    urgent.state = "processing"
+    urgent.attempt += 1
+    assert local.head(ws) is first
+    local.push(first, ws, deadline=20.0)  # queued twice: taken once
+    assert local.pop(ws) is first
+    first.attempt += 1  # placed
+    assert local.pop(ws) is None and ws.local == []
+    assert local.next_deadline() is None
+
+
+def test_local_queues_give_up_tasks_at_their_deadline() -> None:
+    ws = worker("w")
+    local = LocalQueues()
+    soon, later = queued("soon", seq=1), queued("later", seq=2)
+    local.push(soon, ws, deadline=1.0)
+    local.push(later, ws, deadline=2.0)
+    assert local.next_deadline() == 1.0
+    assert local.expired(0.5) == []
+    assert local.expired(1.0) == [soon]
+    assert local.next_deadline() == 2.0
+    assert local.head(ws) is soon  # still there too: its holder may take it first
+    assert local.take_all(ws) == [soon, later] and ws.local == []

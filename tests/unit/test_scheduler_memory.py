@@ -97,3 +97,20 @@ def test_the_dashboard_shows_a_paused_worker_and_its_memory() -> None:
     html = dashboard.render_sections(dashboard.view(sim.state, sim.state.events, "x"))["workers"]
     assert "paused for memory" in html
     assert "memory 512.00 MiB of 1.00 GiB · 3.00 MiB spilled" in html
+
+
+def test_clients_are_told_once_each_time_a_worker_pauses_with_its_memory() -> None:
+    sim = Sim()
+    sim.add_client("c")
+    sim.add_worker("w")
+    paused = {"op": "worker-status", "status": "paused", "memory": {"rss": 900, "limit": 1000}}
+    for _ in range(2):  # two pauses, each reported twice
+        sim.state.handle_worker_status("w", paused)
+        sim.state.handle_worker_status("w", paused)
+        sim.step()
+        pause(sim, "w", paused=False)
+    notices = sim.client_messages("worker-paused")
+    assert notices == 2 * [
+        {"op": "worker-paused", "worker": "w", "address": "w", "rss": 900, "limit": 1000}
+    ]
+    assert sim.state.info()["workers"]["w"]["memory"] == {"rss": 900, "limit": 1000}

@@ -205,6 +205,16 @@ def test_paused_no_ready_task_starts_until_resumed() -> None:
     assert not state.check_invariants()
 
 
+def test_a_pause_tells_the_scheduler_the_memory_that_decided_it() -> None:
+    state = WorkerState(1, {}, "w")
+    (send,) = state.memory_pressure(True, {"rss": 900, "limit": 1000})
+    assert send.message == {  # type: ignore[union-attr]
+        "op": "worker-status",
+        "status": "paused",
+        "memory": {"rss": 900, "limit": 1000},
+    }
+
+
 def test_a_spilled_result_freed_by_the_scheduler_is_not_read_back(tmp_path: Path) -> None:
     store = SpillBuffer(tmp_path / "spill")
     state = WorkerState(1, {}, "w", data=store)

@@ -60,8 +60,9 @@ def test_a_finished_run_reaches_the_state_through_the_registry(server: Scheduler
         {"op": "acquire-failed"},
         {"op": "run-result", "result": b""},
         {"op": "worker-status", "status": "sleepy"},
+        {"op": "worker-status", "status": "paused", "memory": {"rss": "lots"}},
     ],
-    ids=lambda m: m["op"],
+    ids=lambda m: f"{m['op']}-{len(m)}",
 )
 def test_a_malformed_worker_message_is_refused_before_any_change(
     server: Scheduler, message: dict[str, Any]
