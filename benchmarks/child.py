@@ -19,8 +19,10 @@ from benchmarks.workloads import (
     HOMOGENEOUS,
     SEED_CLUSTER,
     Sizes,
+    data_tls,
     inc,
     stream,
+    tls_share_of_tcp,
     warm_up,
 )
 
@@ -42,6 +44,14 @@ def run_cluster(system: str, sizes: Sizes, workloads: list[str]) -> dict[str, fl
         with module.session(seed=True) as session:
             warm_up(session)
             metrics.update(stream(session, sizes))
+    if "data_tls" in workloads and getattr(module, "SUPPORTS_TLS", False):
+        from benchmarks.tls import make_certificates
+
+        # A cluster of its own, every connection mutual TLS, the same certificates for all.
+        with module.session(seed=True, tls=make_certificates()) as session:
+            warm_up(session)
+            metrics.update(data_tls(session, sizes))
+        metrics.update(tls_share_of_tcp(metrics, sizes))
     return metrics
 
 

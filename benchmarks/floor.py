@@ -14,6 +14,8 @@ import socket
 import statistics
 import time
 
+from benchmarks import tls
+
 ROUND_TRIPS = 2_000
 # Where the receiver of loopback_tcp_mb_per_s puts the bytes.
 RECEIVERS = ("cached", "made", "new")
@@ -170,6 +172,8 @@ def measure() -> dict[str, object]:
         "loopback_tcp_400mb_made_mb_per_s": loopback_tcp_mb_per_s(400_000_000, into="made"),
         "loopback_tcp_400mb_new_mb_per_s": loopback_tcp_mb_per_s(400_000_000, into="new"),
         "memcpy_gb_per_s": memcpy_gb_per_s(),
+        # What TLS rows are read against: encrypting (or decrypting) alone, per cipher.
+        "aes_gcm_16kb_mb_per_s": tls.openssl_speed(),
     }
 
 
@@ -191,6 +195,7 @@ def describe(floor: dict[str, object] | None) -> str:
             else ""
         )
         + _whole_transfers(floor)
+        + tls.describe(floor.get("aes_gcm_16kb_mb_per_s"))
     )
 
 

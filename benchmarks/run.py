@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument(
         "--workloads",
-        default="tiny,seed,chain,latency,dask_array,dask_gpu,dask_groupby,stream,data,cold_start,scheduler",
+        default="tiny,seed,chain,latency,dask_array,dask_gpu,dask_groupby,stream,data,data_tls,"
+        "cold_start,scheduler",
         help="subset",
     )
     parser.add_argument("--max-load", type=float, default=2.5, help="wait (≤30 s) below this")
