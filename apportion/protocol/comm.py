@@ -434,8 +434,7 @@ class Comm(asyncio.Protocol):
         TLS they are handed over a chunk at a time (see paced.py)."""
         with self.write_lock:
             if self._tls:
-                for part in parts:
-                    self._write_locked(part)
+                self._write_tls(parts)
                 return
             self._write_locked(parts[0])
             transport = self.transport
@@ -448,6 +447,22 @@ class Comm(asyncio.Protocol):
                 else:
                     transport.writelines(parts[1:])
 
+    def _write_tls(self, parts: list[Buffer]) -> None:
+        """Write a frame's parts to a TLS transport: at once when they are small and
+        nothing waits, else after what waits, a chunk at a time (see paced.py)."""
+        transport = self.transport
+        if transport is None:
+            return
+        if transport.is_closing():
+            self.close("peer closed the connection")
+            return
+        if self._paced or sum(memoryview(p).nbytes for p in parts) > self._paced.chunk:
+            for part in parts:
+                self._paced.add(part)
+            self._feed_paced()
+        else:
+            transport.writelines(parts)  # (a TLS transport's writelines joins nothing)
+
     def _feed_paced(self) -> None:
         """Hand the TLS transport the chunks waiting, until it holds some it could not
         pass on to the kernel yet (it pauses writing: resume_writing feeds the next)."""
@@ -457,7 +472,7 @@ class Comm(asyncio.Protocol):
         self._feeding = True  # the transport may call resume_writing from within write
         try:
             while self._paced and self._drained is None and not transport.is_closing():
-                transport.write(self._paced.next_chunk())
+                transport.writelines(self._paced.next_chunk())
         finally:
             self._feeding = False
 
@@ -512,9 +527,8 @@ class Comm(asyncio.Protocol):
         if transport.is_closing():
             self.close("peer closed the connection")
             return
-        if self._tls and (self._paced or memoryview(data).nbytes > self._paced.chunk):
-            self._paced.add(data)  # after what waits already, a chunk at a time
-            self._feed_paced()
+        if self._tls:
+            self._write_tls([data])
             return
         transport.write(data)  # sent at once when nothing waits before it
 

@@ -22,8 +22,8 @@ TLS_CHUNK_BYTES = 1 << 20
 
 
 class PacedWrites:
-    """A queue of buffers to write in order, taken out ``chunk`` bytes at most at a time,
-    each a view of one buffer (nothing is joined or copied)."""
+    """A queue of buffers to write in order, taken out ``chunk`` bytes at most at a time:
+    views of the buffers (nothing is joined or copied), several small ones together."""
 
     def __init__(self, chunk: int = TLS_CHUNK_BYTES) -> None:
         if chunk <= 0:
@@ -41,17 +41,22 @@ class PacedWrites:
             self._pieces.append(view)
             self.pending_bytes += view.nbytes
 
-    def next_chunk(self) -> memoryview:
-        """The next at most ``chunk`` bytes, from the first buffer waiting (call only while
-        something waits)."""
-        first = self._pieces[0]
-        if first.nbytes <= self.chunk:
-            self._pieces.popleft()
-            taken = first
-        else:
-            taken, self._pieces[0] = first[: self.chunk], first[self.chunk :]
-        self.pending_bytes -= taken.nbytes
-        return taken
+    def next_chunk(self) -> list[memoryview]:
+        """The next at most ``chunk`` bytes (at least one byte: call only while something
+        waits): a part of the first buffer waiting, or as many whole buffers as fit."""
+        pieces = self._pieces
+        first = pieces[0]
+        if first.nbytes > self.chunk:
+            taken, pieces[0] = first[: self.chunk], first[self.chunk :]
+            self.pending_bytes -= taken.nbytes
+            return [taken]
+        batch, size = [], 0
+        while pieces and size + pieces[0].nbytes <= self.chunk:
+            piece = pieces.popleft()
+            batch.append(piece)
+            size += piece.nbytes
+        self.pending_bytes -= size
+        return batch
 
     def take_all(self) -> list[memoryview]:
         """Everything still waiting, in order; the queue is empty afterwards."""
