@@ -19,8 +19,10 @@ from benchmarks.workloads import (
     HOMOGENEOUS,
     SEED_CLUSTER,
     Sizes,
+    data_tls,
     inc,
     stream,
+    tls_share_of_tcp,
     warm_up,
 )
 
@@ -42,6 +44,20 @@ def run_cluster(system: str, sizes: Sizes, workloads: list[str]) -> dict[str, fl
         with module.session(seed=True) as session:
             warm_up(session)
             metrics.update(stream(session, sizes))
+    if "data_tls" in workloads and getattr(module, "SUPPORTS_TLS", False):
+        import tempfile
+        from pathlib import Path
+
+        from benchmarks.tls import make_certificates
+
+        # A cluster of its own, every connection mutual TLS, the same certificates for all.
+        with (
+            tempfile.TemporaryDirectory(prefix="apportion-bench-tls-") as keys,
+            module.session(seed=True, tls=make_certificates(Path(keys))) as session,
+        ):
+            warm_up(session)
+            metrics.update(data_tls(session, sizes))
+        metrics.update(tls_share_of_tcp(metrics, sizes))
     return metrics
 
 

@@ -14,6 +14,8 @@ import socket
 import statistics
 import time
 
+from benchmarks import tls
+
 ROUND_TRIPS = 2_000
 # Where the receiver of loopback_tcp_mb_per_s puts the bytes.
 RECEIVERS = ("cached", "made", "new")
@@ -207,6 +209,8 @@ def measure(sizes_mb: tuple[int, ...] = ()) -> dict[str, object]:
         "loopback_tcp_400mb_made_mb_per_s": loopback_tcp_mb_per_s(400_000_000, into="made"),
         "loopback_tcp_400mb_new_mb_per_s": loopback_tcp_mb_per_s(400_000_000, into="new"),
         "memcpy_gb_per_s": memcpy_gb_per_s(),
+        # What TLS rows are read against: encrypting (or decrypting) alone, per cipher.
+        "aes_gcm_16kb_mb_per_s": tls.openssl_speed(),
     } | with_shape_samples({}, shape_samples(sizes_mb))
 
 
@@ -229,6 +233,7 @@ def describe(floor: dict[str, object] | None) -> str:
         )
         + _whole_transfers(floor)
         + _shapes(floor)
+        + tls.describe(floor.get("aes_gcm_16kb_mb_per_s"))
     )
 
 

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workloads",
         default="tiny,seed,chain,latency,dask_array,dask_gpu,dask_groupby,dask_programs,stream,data,"
+        "data_tls,"
         "cold_start,scheduler",
         help="subset",
     )

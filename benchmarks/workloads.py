@@ -91,6 +91,7 @@ class Sizes:
     dask_partitions: int = 100  # the groupby's partitions (a day of data each)
     stream_seconds: float = 10.0  # how long the GPU=1 stream is submitted for
     data_mb: tuple[int, ...] = (1, 10, 100, 400)  # the data workload's array sizes
+    tls_mb: tuple[int, ...] = (100,)  # the data_tls workload's (each one of data_mb too)
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -106,6 +107,7 @@ class Sizes:
             dask_partitions=20,
             stream_seconds=3.0,
             data_mb=(1, 10),
+            tls_mb=(10,),
         )
 
 
@@ -287,6 +289,45 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
     return metrics
 
 
+def data_tls(session: Session, sizes: Sizes) -> dict[str, float]:
+    """The data workload's worker to worker and gather rows on a cluster whose every
+    connection is mutual TLS (the same certificates for every system; shared memory off),
+    then the sending worker's peak resident memory (MB). Read against the TCP rows of the
+    same run: child.py adds each row's percentage of its TCP figure."""
+    share = getattr(session, "share_memory", None)
+    if share is not None:
+        share(False)
+    metrics: dict[str, float] = {}
+    warm = session.submit(make_array, 1_000_000, resources={"MEMORY": 1})
+    session.result(session.submit(array_sum, warm, resources={"GPU": 1}))
+    session.result(warm)
+    del warm
+    for mb in sizes.tls_mb:
+        array, total, seconds, _ = _worker_to_worker(session, mb * 1_000_000)
+        metrics[f"data_{mb}mb_tls_worker_to_worker_mb_per_s"] = mb / seconds
+        start = time.perf_counter()
+        gathered = session.result(array)
+        metrics[f"data_{mb}mb_tls_gather_mb_per_s"] = mb / (time.perf_counter() - start)
+        assert gathered.nbytes == mb * 1_000_000 and total == gathered.size, "data_tls: wrong"
+        del array, gathered
+    metrics["data_tls_peak_rss_sender_mb"] = session.result(
+        session.submit(peak_rss_mb, resources={"MEMORY": 1})
+    )
+    return metrics
+
+
+def tls_share_of_tcp(metrics: dict[str, float], sizes: Sizes) -> dict[str, float]:
+    """Each TLS row as a percentage of the same row over TCP in the same run."""
+    shares = {}
+    for mb in sizes.tls_mb:
+        for what in ("worker_to_worker", "gather"):
+            tls = metrics.get(f"data_{mb}mb_tls_{what}_mb_per_s")
+            tcp = metrics.get(f"data_{mb}mb_{what}_mb_per_s")
+            if tls and tcp:
+                shares[f"data_{mb}mb_tls_{what}_pct_of_tcp"] = 100 * tls / tcp
+    return shares
+
+
 def chain(session: Session, sizes: Sizes) -> dict[str, float]:
     n = sizes.chain
     start = time.perf_counter()
@@ -338,7 +379,9 @@ SEED_CLUSTER: dict[str, Callable[[Session, Sizes], dict[str, float]]] = {
 }
 # Dask collections: only on systems whose session computes them (see FuturesSession).
 DASK_WORKLOADS = ("dask_array", "dask_gpu", "dask_groupby", "dask_programs")
-CLUSTER_WORKLOADS = ("tiny", "seed", "chain", "latency", "stream", "data", *DASK_WORKLOADS)
+CLUSTER_WORKLOADS = (
+    "tiny", "seed", "chain", "latency", "stream", "data", "data_tls", *DASK_WORKLOADS
+)  # fmt: skip
 ALL_WORKLOADS = (*CLUSTER_WORKLOADS, "cold_start", "scheduler")
 
 
@@ -389,9 +432,29 @@ METRICS: list[Metric] = [
         )
         for mb in Sizes().data_mb
     ),
+    *(
+        metric
+        for mb in sorted({*Sizes().tls_mb, *Sizes.quick().tls_mb})
+        for what, label in (("worker_to_worker", "worker to worker"), ("gather", "client gather"))
+        for metric in (
+            Metric(
+                f"data_{mb}mb_tls_{what}_mb_per_s", f"{mb} MB over TLS: {label}", "MB/s", True, None
+            ),
+            Metric(
+                f"data_{mb}mb_tls_{what}_pct_of_tcp",
+                f"{mb} MB over TLS: {label}, of TCP",
+                "%",
+                True,
+                50 if mb >= 100 else None,  # (smaller transfers: round trips, not bytes)
+            ),
+        )
+    ),
     Metric("data_peak_rss_sender_mb", "data: peak RSS, sending worker", "MB", False, None),
     Metric("data_peak_rss_receiver_mb", "data: peak RSS, a receiving worker", "MB", False, None),
     Metric("data_peak_rss_client_mb", "data: peak RSS, client", "MB", False, None),
+    Metric(
+        "data_tls_peak_rss_sender_mb", "data over TLS: peak RSS, sending worker", "MB", False, None
+    ),
     Metric("sched_placements_per_s", "scheduler-only placements", "placements/s", True, 200_000),
     Metric(
         "sched_bytes_per_pending_task", "scheduler-only memory per pending task", "B", False, None

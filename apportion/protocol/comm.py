@@ -34,6 +34,7 @@ from apportion.protocol.frames import (
     encode,
     encode_frame,
 )
+from apportion.protocol.paced import PacedWrites
 from apportion.protocol.reader import FrameReader
 
 logger = logging.getLogger("apportion.comm")
@@ -151,6 +152,11 @@ class Comm(asyncio.Protocol):
         self._thread_fd: int | None = None
         # Bytes a thread could not send whole; the loop writes them before anything else.
         self._handoff: list[Buffer] = []
+        # Over TLS: large frames (and what was sent after them) handed to the transport a
+        # chunk at a time, each once it took the one before (see paced.py).
+        self._tls = False
+        self._paced = PacedWrites()
+        self._feeding = False
         # The largest frame the peer reads (its comm.max-frame-bytes, from the handshake):
         # what this side sends is cut to fit it. None: not told (an older peer).
         self.peer_max_frame: int | None = None
@@ -165,8 +171,11 @@ class Comm(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
         # Signals pause_writing as soon as anything waits for the kernel, resume once all
-        # is taken: write() waits on exactly that.
-        transport.set_write_buffer_limits(high=0)
+        # is taken: write() waits on exactly that. A TLS transport pauses at its high-water
+        # mark already, not only above it: at 0 it would pause after every write, and
+        # resume only when something else happens on the connection.
+        self._tls = transport.get_extra_info("sslcontext") is not None
+        transport.set_write_buffer_limits(high=1 if self._tls else 0)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             tune_tcp(sock)
@@ -178,6 +187,7 @@ class Comm(asyncio.Protocol):
             if self._closed_reason is None:
                 self._closed_reason = "peer closed the connection"
             self._close_thread_fd()
+            self._paced.take_all()
         self._reader.drop_incomplete()
         self._wake()
         drained, self._drained = self._drained, None
@@ -192,6 +202,9 @@ class Comm(asyncio.Protocol):
         drained, self._drained = self._drained, None
         if drained is not None and not drained.done():
             drained.set_result(None)
+        if self._paced:
+            with self.write_lock:
+                self._feed_paced()
 
     def data_received(self, data: bytes) -> None:
         if self._error is not None:
@@ -211,10 +224,11 @@ class Comm(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _direct_reads(self) -> bool:
-        """Read the rest of the large frame being filled straight from the socket into
-        its buffer (no chunk objects, no copy from them), on a plain TCP connection."""
+        """Read the rest of the large frame being filled straight into its buffer (no
+        chunk objects, no copy from them): from the socket on a plain TCP connection; over
+        TLS the transport decrypts straight into it."""
         transport = self.transport
-        if transport is None or transport.get_extra_info("sslcontext") is not None:
+        if transport is None:
             return False
         transport.set_protocol(_LargeFrameReads(self))
         return True
@@ -426,8 +440,12 @@ class Comm(asyncio.Protocol):
     def _write_parts(self, parts: list[Buffer]) -> None:
         """Write a frame of several parts (out-of-band buffers) without joining them: the
         transport keeps views of what the kernel does not take at once (uvloop's; asyncio's
-        own plain TCP transport copies what the kernel did not take into its buffer)."""
+        own plain TCP transport copies what the kernel did not take into its buffer); over
+        TLS they are handed over a chunk at a time (see paced.py)."""
         with self.write_lock:
+            if self._tls:
+                self._write_tls(parts)
+                return
             self._write_locked(parts[0])
             transport = self.transport
             if transport is not None and not transport.is_closing() and not self.closed:
@@ -438,6 +456,35 @@ class Comm(asyncio.Protocol):
                         transport.write(part)
                 else:
                     transport.writelines(parts[1:])
+
+    def _write_tls(self, parts: list[Buffer]) -> None:
+        """Write a frame's parts to a TLS transport: at once when they are small and
+        nothing waits, else after what waits, a chunk at a time (see paced.py)."""
+        transport = self.transport
+        if transport is None:
+            return
+        if transport.is_closing():
+            self.close("peer closed the connection")
+            return
+        if self._paced or sum(memoryview(p).nbytes for p in parts) > self._paced.chunk:
+            for part in parts:
+                self._paced.add(part)
+            self._feed_paced()
+        else:
+            transport.writelines(parts)  # (a TLS transport's writelines joins nothing)
+
+    def _feed_paced(self) -> None:
+        """Hand the TLS transport the chunks waiting, until it holds some it could not
+        pass on to the kernel yet (it pauses writing: resume_writing feeds the next)."""
+        transport = self.transport
+        if self._feeding or transport is None:
+            return
+        self._feeding = True  # the transport may call resume_writing from within write
+        try:
+            while self._paced and self._drained is None and not transport.is_closing():
+                transport.writelines(self._paced.next_chunk())
+        finally:
+            self._feeding = False
 
     def send_from_thread(self, messages: list[Message]) -> bool:
         """From any thread: write now when the connection is idle, saving the wake-up of
@@ -490,6 +537,9 @@ class Comm(asyncio.Protocol):
         if transport.is_closing():
             self.close("peer closed the connection")
             return
+        if self._tls:
+            self._write_tls([data])
+            return
         transport.write(data)  # sent at once when nothing waits before it
 
     async def write(self, messages: list[Message]) -> None:
@@ -499,7 +549,7 @@ class Comm(asyncio.Protocol):
             if self.closed:
                 raise CommClosedError(f"connection to {self.peer} closed while writing")
             self._write_locked(encode(messages))
-        if self._drained is not None:
+        while self._drained is not None:  # (over TLS, paused again for each chunk)
             await self._drained
         if self.closed and self._closed_reason == "peer closed the connection":
             raise CommClosedError(f"connection to {self.peer} closed while writing")
@@ -510,6 +560,8 @@ class Comm(asyncio.Protocol):
             if self._closed_reason is None:
                 self._closed_reason = reason
             self._close_thread_fd()
+            if self._paced and self.transport is not None and not self.transport.is_closing():
+                self.transport.writelines(self._paced.take_all())
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # what is buffered still goes out first
         self._wake()

@@ -12,12 +12,14 @@ from contextlib import contextmanager, nullcontext
 os.environ.setdefault("APPORTION_LOG_LEVEL", "WARNING")
 
 import apportion
-from apportion import Client, LocalCluster
+from apportion import Client, LocalCluster, config
 from benchmarks.systems.futures_session import FuturesSession
+from benchmarks.tls import Certificates
 from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes, share_memory_here
 
 # Dask collections run through the client (benchmarks/dask_workloads.py).
 COMPUTES_DASK_COLLECTIONS = True
+SUPPORTS_TLS = True
 
 
 def version() -> str:
@@ -70,9 +72,20 @@ def _dashboard_open(cluster: LocalCluster) -> Iterator[None]:
         stream.close()
 
 
+def _tls_settings(tls: Certificates | None) -> dict[str, str]:
+    """Mutual TLS on every connection (the scheduler's, the workers', the client's)."""
+    if tls is None:
+        return {}
+    return {
+        "comm.tls.ca-file": tls.ca,
+        "comm.tls.cert-file": tls.cert,
+        "comm.tls.key-file": tls.key,
+    }
+
+
 @contextmanager
-def session(seed: bool) -> Iterator[ApportionSession]:
-    with _cluster(seed) as cluster, Client(cluster) as client:
+def session(seed: bool, tls: Certificates | None = None) -> Iterator[ApportionSession]:
+    with config.set(_tls_settings(tls)), _cluster(seed) as cluster, Client(cluster) as client:
         client.wait_for_workers(N_WORKERS, timeout=60)
         with _dashboard_open(cluster) if DASHBOARD else nullcontext():
             yield ApportionSession(client)

@@ -13,12 +13,15 @@ from typing import Any
 
 import distributed
 from distributed import Client, Nanny, Scheduler, SpecCluster
+from distributed.security import Security
 
 from benchmarks.systems.futures_session import FuturesSession
+from benchmarks.tls import Certificates
 from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes
 
 # Dask collections run through the client (benchmarks/dask_workloads.py).
 COMPUTES_DASK_COLLECTIONS = True
+SUPPORTS_TLS = True
 
 
 def version() -> str:
@@ -28,7 +31,20 @@ def version() -> str:
 DaskSession = FuturesSession
 
 
-def _specs(seed: bool) -> dict[str, dict[str, Any]]:
+def _security(tls: Certificates | None) -> dict[str, Any]:
+    """Options for mutual TLS on every connection (``tls://``), from the same files."""
+    if tls is None:
+        return {}
+    files = {
+        f"tls_{role}_{part}": path
+        for role in ("scheduler", "worker", "client")
+        for part, path in (("cert", tls.cert), ("key", tls.key))
+    }
+    security = Security(tls_ca_file=tls.ca, require_encryption=True, **files)
+    return {"security": security, "protocol": "tls://"}
+
+
+def _specs(seed: bool, tls: Certificates | None = None) -> dict[str, dict[str, Any]]:
     workers = SEED_WORKERS if seed else [{"name": f"w{i}"} for i in range(N_WORKERS)]
     return {
         w["name"]: {
@@ -39,6 +55,7 @@ def _specs(seed: bool) -> dict[str, dict[str, Any]]:
                 "resources": w.get("resources") or None,
                 "dashboard": False,
                 "silence_logs": logging.WARNING,
+                **_security(tls),
             },
         }
         for w in workers
@@ -46,14 +63,26 @@ def _specs(seed: bool) -> dict[str, dict[str, Any]]:
 
 
 @contextmanager
-def session(seed: bool) -> Iterator[DaskSession]:
+def session(seed: bool, tls: Certificates | None = None) -> Iterator[DaskSession]:
+    secure = _security(tls)
     scheduler = {
         "cls": Scheduler,
-        "options": {"host": "127.0.0.1", "dashboard_address": None, "dashboard": False},
+        "options": {
+            "host": "127.0.0.1",
+            "dashboard_address": None,
+            "dashboard": False,
+            **secure,
+        },
     }
+    security = secure.get("security")
     with (
-        SpecCluster(workers=_specs(seed), scheduler=scheduler, silence_logs=logging.WARNING) as c,
-        Client(c) as client,
+        SpecCluster(
+            workers=_specs(seed, tls),
+            scheduler=scheduler,
+            silence_logs=logging.WARNING,
+            security=security,
+        ) as c,
+        Client(c, security=security) as client,
     ):
         client.wait_for_workers(N_WORKERS, timeout=60)
         yield DaskSession(client)

@@ -1,0 +1,52 @@
+"""The benchmark's TLS rows: certificates every system can use, and the figures read
+against each other."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+from pathlib import Path
+
+import pytest
+
+from benchmarks import tls
+from benchmarks.workloads import Sizes, tls_share_of_tcp
+
+
+def test_each_tls_row_is_read_as_a_share_of_the_same_row_over_tcp() -> None:
+    metrics = {
+        "data_100mb_worker_to_worker_mb_per_s": 2000.0,
+        "data_100mb_tls_worker_to_worker_mb_per_s": 1100.0,
+        "data_100mb_tls_gather_mb_per_s": 900.0,  # no TCP gather in this run: no share
+    }
+    assert tls_share_of_tcp(metrics, Sizes()) == {
+        "data_100mb_tls_worker_to_worker_pct_of_tcp": 55.0
+    }
+
+
+def test_the_reference_sentence_names_each_cipher() -> None:
+    text = tls.describe({"aes-128-gcm": 5200.0, "aes-256-gcm": 4300.5})
+    assert "AES-128-GCM 5,200 MB/s" in text and "AES-256-GCM 4,300 MB/s" in text
+    assert tls.describe({}) == "" and tls.describe(None) == ""
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_certificates_serve_mutual_tls_on_loopback(tmp_path: Path) -> None:
+    files = tls.make_certificates(tmp_path)
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=files.ca)
+    server.load_cert_chain(files.cert, files.key)
+    server.verify_mode = ssl.CERT_REQUIRED
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=files.ca)
+    client.load_cert_chain(files.cert, files.key)
+    server_side, client_side = ssl.MemoryBIO(), ssl.MemoryBIO()
+    ours = client.wrap_bio(client_side, server_side, server_hostname="127.0.0.1")
+    theirs = server.wrap_bio(server_side, client_side, server_side=True)
+    # Memory BIOs crossed: what one side writes is the other's input.
+    for _ in range(6):
+        for end in (ours, theirs):
+            try:
+                end.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+    assert ours.version() == "TLSv1.3"
+    assert theirs.getpeercert()["subject"]  # the client presented its certificate
