@@ -27,6 +27,7 @@ from apportion.operator.events import event
 from apportion.operator.manifests import GROUP, PLURAL, VERSION
 from apportion.operator.settings import OperatorSettings
 from kubernetes import client
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 logger = logging.getLogger("apportion.operator")
 
@@ -34,6 +35,8 @@ SETTINGS = OperatorSettings.from_config()
 MEMO_KEY = "apportion_job"
 LOG_EVERY = 10.0  # seconds between reads of a running entrypoint's log
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+# Jobs told that Kueue is missing (once per job and operator process).
+_told_kueue_missing: set[str] = set()
 
 
 @dataclass(eq=False)
@@ -191,6 +194,8 @@ def _get_workload(job: jobs.Job) -> dict[str, Any] | None:
             .resources.get(api_version=f"{KUEUE_GROUP}/{KUEUE_VERSION}", kind="Workload")
             .get(name=jobs.workload_name(job), namespace=job.namespace)
         )
+    except ResourceNotFoundError:
+        return None  # Kueue is not installed: the job stays Queued (CreateWorkload says so)
     except kube.ApiException as exc:
         if exc.status == 404:
             return None
@@ -263,7 +268,19 @@ def carry_out(
     elif isinstance(action, jobs.DeleteJob):
         kube.delete(f"{GROUP}/{VERSION}", jobs.JOB_KIND, namespace, job.name)
     elif isinstance(action, jobs.CreateWorkload):
-        kube.create_if_absent(job_manifests.workload_manifest(job, SETTINGS.defaults))
+        try:
+            kube.create_if_absent(job_manifests.workload_manifest(job, SETTINGS.defaults))
+        except ResourceNotFoundError:
+            if job.uid in _told_kueue_missing:
+                return
+            _told_kueue_missing.add(job.uid)
+            event(
+                taken,
+                type="Warning",
+                reason="KueueMissing",
+                message=f"label {jobs.QUEUE_LABEL} names a Kueue queue, but this cluster "
+                f"serves no {KUEUE_GROUP}/{KUEUE_VERSION} Workload: install Kueue",
+            )
     elif isinstance(action, jobs.SetSuspend):
         annotation = json.dumps(action.pod_sets, sort_keys=True) if not action.suspend else None
         kube.patch(
