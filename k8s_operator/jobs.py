@@ -569,7 +569,14 @@ def _times(r: _Round) -> None:
     if started is None:
         return
     ended = parse_stamp(r.status.get("completionTime"))
-    r.status["duration"] = format_duration((ended if ended is not None else r.now) - started)
+    if ended is not None:
+        r.status["duration"] = format_duration(ended - started)
+        return
+    # While it runs, in steps (10 s, then whole minutes): a status write per step, not per
+    # look.
+    elapsed = r.now - started
+    step = 10 if elapsed < 600 else 60
+    r.status["duration"] = format_duration(elapsed - elapsed % step)
 
 
 def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:

@@ -361,6 +361,12 @@ def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
 
 
+def test_a_running_job_s_duration_moves_in_steps() -> None:
+    seen = Seen(cluster=cluster(), pods=(pod(1, "Running"),))
+    durations = [decide(job(running()), seen, T0 + t).status["duration"] for t in (3, 9, 14, 725)]
+    assert durations == ["0s", "0s", "10s", "12m0s"]
+
+
 def test_stamps_round_trip() -> None:
     assert parse_stamp(stamp(T0)) == T0
     assert parse_stamp("not a time") is None
