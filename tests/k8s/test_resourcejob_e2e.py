@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from . import procs
 from .controlplane import REPO_ROOT, Cluster
 from .deployment import Deployment, deploy_operator
 
@@ -78,12 +79,18 @@ def job_status(deployed: Deployment, name: str) -> Obj:
     return (job(deployed, name) or {}).get("status") or {}
 
 
-def wait_phase(deployed: Deployment, name: str, phase: str, timeout: float = 300) -> Obj:
-    def reached() -> Obj | None:
-        status = job_status(deployed, name)
-        return status if status.get("phase") == phase else None
+def wait_phase(deployed: Deployment, name: str, *phases: str, timeout: float = 300) -> Obj:
+    """The job's status once its phase is one of ``phases``; a timeout says the last seen."""
+    last: list[Obj] = [{}]
 
-    return deployed.wait(reached, f"job {name} {phase} (now {job_status(deployed, name)})", timeout)
+    def reached() -> Obj | None:
+        last[0] = job_status(deployed, name)
+        return last[0] if last[0].get("phase") in phases else None
+
+    try:
+        return deployed.wait(reached, f"job {name} {' or '.join(phases)}", timeout)
+    except procs.Timeout as err:
+        raise procs.Timeout(f"{err}\nlast status of {name}: {last[0]}") from None
 
 
 def submit(deployed: Deployment, manifest: Obj) -> None:
@@ -163,10 +170,11 @@ def test_a_job_runs_the_seed_pipeline_and_its_cluster_goes_after(deployed: Deplo
         "workingDir": {"configMap": "pipeline-code"},
     }
     submit(deployed, rjob("seed", spec))
-    running = wait_phase(deployed, "seed", "Running", timeout=300)
-    assert running["clusterName"] == "seed"
-    assert running["dashboard"] == f"http://seed-scheduler.{deployed.namespace}.svc:12587"
-    status = wait_phase(deployed, "seed", "Succeeded", timeout=300)
+    # A short pipeline may end between two looks of the operator: Running is not waited for.
+    status = wait_phase(deployed, "seed", "Succeeded", "Failed", timeout=420)
+    assert status["phase"] == "Succeeded", status
+    assert status["clusterName"] == "seed"
+    assert status["dashboard"] == f"http://seed-scheduler.{deployed.namespace}.svc:12587"
     assert status["exitCode"] == 0
     assert status["attempts"] == 1
     assert status["reason"] == "Completed"
@@ -183,7 +191,8 @@ def test_a_job_runs_the_seed_pipeline_and_its_cluster_goes_after(deployed: Deplo
     # Every transition one Event, in order.
     reasons = job_events(deployed, "seed")
     assert reasons[0] == "ClusterStarting" and reasons[-1] == "Completed", reasons
-    assert reasons.count("Running") == 1 and reasons.count("Completed") == 1, reasons
+    assert reasons.count("Running") <= 1 and reasons.count("Completed") == 1, reasons
+    assert len(reasons) == len(set(reasons)), reasons  # no transition announced twice
     printed = deployed.kubectl("get", "rjob", "seed").stdout
     assert "Succeeded" in printed.splitlines()[1], printed
     deployed.kubectl("delete", "rjob", "seed", "--wait=true", timeout=60)
@@ -216,7 +225,9 @@ def test_a_failing_entrypoint_is_retried_then_fails(deployed: Deployment) -> Non
     deployed.wait(lambda: deployed.rc("flaky") is None, "the job's cluster deleted", 120)
 
 
-def test_a_job_past_its_deadline_is_stopped(deployed: Deployment) -> None:
+def test_a_job_past_its_deadline_is_stopped_then_deleted_after_its_ttl(
+    deployed: Deployment,
+) -> None:
     groups = [{"name": "cpu", "replicas": 1, "resources": {"process": 1}}]
     shared = {
         "apiVersion": "apportion.dev/v1alpha1",
@@ -234,6 +245,7 @@ def test_a_job_past_its_deadline_is_stopped(deployed: Deployment) -> None:
             "import time; print('working', flush=True); time.sleep(600)",
         ],
         "activeDeadlineSeconds": 25,
+        "ttlSecondsAfterFinished": 15,
     }
     submit(deployed, rjob("slow", spec))
     wait_phase(deployed, "slow", "Running", timeout=120)
@@ -247,15 +259,19 @@ def test_a_job_past_its_deadline_is_stopped(deployed: Deployment) -> None:
         "the entrypoint stopped",
         120,
     )
+    # Its TTL deletes the finished job, and its submitter pod with it.
+    deployed.wait(lambda: job(deployed, "slow") is None, "slow deleted after its TTL", 120)
+    deployed.wait(lambda: not leftovers(deployed, "slow"), "nothing of slow left", 120)
     # A selected cluster is not the job's: it keeps running.
     assert deployed.status("shared")["phase"] == "Running"
     deployed.kubectl("delete", "resourcecluster", "shared", "--wait=true", timeout=60)
 
 
-def test_a_job_deleted_mid_run_leaves_nothing(deployed: Deployment) -> None:
-    groups = [{"name": "cpu", "replicas": 2, "resources": {"process": 1}}]
-    spec = {
-        "cluster": made_cluster("doomed", 12886, groups),
+def connected_for_long(name: str, port: int, workers: int) -> Obj:
+    """A job whose entrypoint connects to its cluster, then waits ten minutes."""
+    groups = [{"name": "cpu", "replicas": workers, "resources": {"process": 1}}]
+    return {
+        "cluster": made_cluster(name, port, groups),
         "entrypoint": [
             "python",
             "-c",
@@ -263,7 +279,10 @@ def test_a_job_deleted_mid_run_leaves_nothing(deployed: Deployment) -> None:
             "print('connected', flush=True); time.sleep(600)",
         ],
     }
-    submit(deployed, rjob("doomed", spec))
+
+
+def test_a_job_deleted_mid_run_leaves_nothing(deployed: Deployment) -> None:
+    submit(deployed, rjob("doomed", connected_for_long("doomed", 12886, 2)))
     wait_phase(deployed, "doomed", "Running", timeout=300)
     assert deployed.rc("doomed") is not None
     deployed.kubectl("delete", "rjob", "doomed", "--wait=true", timeout=120)
@@ -278,3 +297,19 @@ def test_a_job_deleted_mid_run_leaves_nothing(deployed: Deployment) -> None:
         ]
 
     deployed.wait(lambda: not pods_named_doomed(), "every pod of doomed removed", 180)
+
+
+def test_suspending_a_job_frees_every_pod_and_resuming_runs_it_again(
+    deployed: Deployment,
+) -> None:
+    submit(deployed, rjob("paused", connected_for_long("paused", 12986, 1)))
+    wait_phase(deployed, "paused", "Running", timeout=300)
+    deployed.kubectl("patch", "rjob", "paused", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    status = wait_phase(deployed, "paused", "Suspended", timeout=120)
+    assert status["attempts"] == 1
+    deployed.wait(lambda: not leftovers(deployed, "paused"), "every pod of paused freed", 180)
+    deployed.kubectl("patch", "rjob", "paused", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    status = wait_phase(deployed, "paused", "Running", timeout=300)
+    assert status["attempts"] == 1  # a suspended run is not a failed attempt
+    deployed.kubectl("delete", "rjob", "paused", "--wait=true", timeout=120)
+    deployed.wait(lambda: not leftovers(deployed, "paused"), "nothing of paused left", 180)
