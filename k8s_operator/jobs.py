@@ -266,6 +266,12 @@ def evicted(workload: Obj | None) -> Obj:
     return found if found.get("status") == "True" else {}
 
 
+def _holds_quota(workload: Obj | None) -> bool:
+    return bool(((workload or {}).get("status") or {}).get("admission")) or (
+        _condition(workload, "QuotaReserved").get("status") == "True"
+    )
+
+
 def queued_why(workload: Obj | None) -> str:
     """Kueue's own words for why the Workload waits (its QuotaReserved condition)."""
     if workload is None:
@@ -445,7 +451,7 @@ def _kueue_gate(r: _Round) -> bool:
         r.actions.append(SetSuspend(True))
     running = _stop_everything(r)
     if why:
-        if not running:
+        if not running and _holds_quota(seen.workload):
             r.actions.append(ReleaseWorkload(str(why.get("message") or "evicted")))
         r.to("Queued", str(why.get("reason") or "Evicted"), str(why.get("message") or "evicted"))
     else:

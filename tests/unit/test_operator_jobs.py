@@ -342,6 +342,15 @@ def test_an_evicted_job_frees_its_pods_then_its_quota() -> None:
     assert d.status["phase"] == "Queued"
     d = decide(job(d.status, labels=QUEUED, suspend=True), Seen(workload=evicted), T0 + 1)
     assert [a for a in d.actions if isinstance(a, ReleaseWorkload)]
+    # Released (no admission, no reservation): not released again every round.
+    released = workload(
+        ("QuotaReserved", "False", "evicted"),
+        ("Evicted", "True", "The workload is deactivated"),
+    )
+    d = decide(job(d.status, labels=QUEUED, suspend=True), Seen(workload=released), T0 + 2)
+    assert not [a for a in d.actions if not isinstance(a, Event)]
+    assert d.status["phase"] == "Queued"
+    assert d.status["message"] == "The workload is deactivated"
 
 
 def test_the_end_of_a_queued_job_finishes_its_workload() -> None:
