@@ -3,8 +3,10 @@ build.sh), on the real control plane with the chart's operator.
 
 A ClusterQueue holds 4 nvidia.com/gpu of one ResourceFlavor (the GPU nodes' label); three
 jobs that each need 2 GPUs are submitted at once: two run, the third waits Queued with
-Kueue's reason in its status and runs when one of the first two finished. The clusters made
-after admission carry the flavor's node selector, as Kueue's own integrations inject it.
+Kueue's reason in its status. The clusters made after admission carry the flavor's node
+selector, as Kueue's own integrations inject it. One running job is then evicted (its
+Workload deactivated): every pod of it goes, its quota is released and the third job runs in
+its place; reactivated, it runs again once quota frees, and all three end Succeeded.
 """
 
 from __future__ import annotations
@@ -107,12 +109,20 @@ def gpu_job(name: str, port: int, seconds: int) -> Obj:
     }
 
 
+def leftovers(deployed: Deployment, name: str) -> list[str]:
+    """Pods of job ``name`` and of the cluster made for it, not on their way out."""
+    found = []
+    for selector in (f"apportion.dev/job={name}", f"apportion.dev/cluster={name}"):
+        found += [p["metadata"]["name"] for p in deployed.pods(selector)]
+    return found
+
+
 def statuses(deployed: Deployment) -> dict[str, Obj]:
     out = deployed.kubectl("get", "resourcejobs", "-o", "json").stdout
     return {j["metadata"]["name"]: j.get("status") or {} for j in json.loads(out)["items"]}
 
 
-def test_three_jobs_of_two_gpus_under_a_quota_of_four_run_two_at_a_time(
+def test_gpu_jobs_queue_under_a_quota_and_an_evicted_one_frees_its_pods(
     deployed: Deployment,
 ) -> None:
     deployed.k8s.apply(*queue_objects(deployed.namespace))
@@ -152,20 +162,44 @@ def test_three_jobs_of_two_gpus_under_a_quota_of_four_run_two_at_a_time(
         )
         for pod in workers:
             assert pod["spec"].get("nodeSelector", {}).get(NODE_TYPE) == "gpu", pod["metadata"]
-    # When one finishes, Kueue admits the third, which runs to the end.
-    status = deployed.wait(
-        lambda: (s := statuses(deployed)[waiting]).get("phase") in ("Running", "Succeeded") and s,
-        f"{waiting} admitted once a job finished",
-        300,
+    # Kueue evicts one of the two (its Workload deactivated): every pod of it goes, its
+    # quota is released, and the waiting job is admitted in its place.
+    evicted = next(n for n in found if n != waiting)
+    deployed.kubectl(
+        "patch",
+        "workload",
+        f"resourcejob-{evicted}",
+        "--type=merge",
+        "-p",
+        '{"spec":{"active":false}}',
     )
-    assert status["reason"] in ("Running", "Completed")
+    deployed.wait(
+        lambda: statuses(deployed)[evicted].get("phase") == "Queued",
+        f"{evicted} Queued again once evicted",
+        120,
+    )
+    deployed.wait(lambda: not leftovers(deployed, evicted), f"every pod of {evicted} freed", 180)
+    deployed.wait(
+        lambda: statuses(deployed)[waiting].get("phase") in ("Starting", "Running", "Succeeded"),
+        f"{waiting} admitted in the evicted job's place",
+        180,
+    )
+    # Active again, the evicted job waits for quota, then runs from the beginning.
+    deployed.kubectl(
+        "patch",
+        "workload",
+        f"resourcejob-{evicted}",
+        "--type=merge",
+        "-p",
+        '{"spec":{"active":true}}',
+    )
     finished = deployed.wait(
         lambda: (
             all(s.get("phase") == "Succeeded" for s in statuses(deployed).values())
             and statuses(deployed)
         ),
         "all three Succeeded",
-        300,
+        480,
     )
     assert len(finished) == 3
     workload = json.loads(
