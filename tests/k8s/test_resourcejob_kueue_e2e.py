@@ -117,6 +117,12 @@ def leftovers(deployed: Deployment, name: str) -> list[str]:
     return found
 
 
+def set_active(deployed: Deployment, job: str, active: bool) -> None:
+    """Deactivate (Kueue evicts it) or reactivate the Workload of ``job``."""
+    patch = json.dumps({"spec": {"active": active}})
+    deployed.kubectl("patch", "workload", f"resourcejob-{job}", "--type=merge", "-p", patch)
+
+
 def statuses(deployed: Deployment) -> dict[str, Obj]:
     out = deployed.kubectl("get", "resourcejobs", "-o", "json").stdout
     return {j["metadata"]["name"]: j.get("status") or {} for j in json.loads(out)["items"]}
@@ -165,14 +171,7 @@ def test_gpu_jobs_queue_under_a_quota_and_an_evicted_one_frees_its_pods(
     # Kueue evicts one of the two (its Workload deactivated): every pod of it goes, its
     # quota is released, and the waiting job is admitted in its place.
     evicted = next(n for n in found if n != waiting)
-    deployed.kubectl(
-        "patch",
-        "workload",
-        f"resourcejob-{evicted}",
-        "--type=merge",
-        "-p",
-        '{"spec":{"active":false}}',
-    )
+    set_active(deployed, evicted, False)
     deployed.wait(
         lambda: statuses(deployed)[evicted].get("phase") == "Queued",
         f"{evicted} Queued again once evicted",
@@ -185,14 +184,7 @@ def test_gpu_jobs_queue_under_a_quota_and_an_evicted_one_frees_its_pods(
         180,
     )
     # Active again, the evicted job waits for quota, then runs from the beginning.
-    deployed.kubectl(
-        "patch",
-        "workload",
-        f"resourcejob-{evicted}",
-        "--type=merge",
-        "-p",
-        '{"spec":{"active":true}}',
-    )
+    set_active(deployed, evicted, True)
     finished = deployed.wait(
         lambda: (
             all(s.get("phase") == "Succeeded" for s in statuses(deployed).values())
