@@ -1,4 +1,5 @@
-"""Write the pod-template schemas of the ResourceCluster CRD from Kubernetes' own OpenAPI.
+"""Write the pod-template schemas of the ResourceCluster and ResourceJob CRDs from Kubernetes'
+own OpenAPI.
 
     python crds/generate.py [--openapi PATH]
 
@@ -16,12 +17,18 @@ them. Descriptions are kept for the fields of the pod spec and of a container (w
 ``kubectl explain`` shows) and dropped deeper down, which keeps the CRD small enough for
 ``kubectl apply``'s last-applied annotation (256 KiB).
 
-The CRD file is rewritten in place (its leading comment kept), then copied into the chart.
+The ResourceJob CRD gets the ResourceCluster's spec schema as ``spec.cluster`` (its pod
+templates left open: the ResourceCluster made from it is validated when it is created, and
+two more copies of the pod schema would pass the annotation's size) and a pod template as
+``spec.template`` (the submitter pod).
+
+The CRD files are rewritten in place (their leading comments kept), then copied into the chart.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import json
 import shutil
@@ -35,6 +42,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = ROOT / "crds" / "resourceclusters.apportion.dev.yaml"
 CHART_CRD_FILE = ROOT / "charts" / "apportion" / "crds" / CRD_FILE.name
+JOB_CRD_FILE = ROOT / "crds" / "resourcejobs.apportion.dev.yaml"
+CHART_JOB_CRD_FILE = ROOT / "charts" / "apportion" / "crds" / JOB_CRD_FILE.name
 VERSIONS = ROOT / "tests" / "k8s" / "versions.env"
 
 Schema = dict[str, Any]
@@ -154,6 +163,54 @@ def rewrite(crd: Schema, openapi: Schema) -> Schema:
     return crd
 
 
+def open_template(description: str) -> Schema:
+    return {
+        "type": "object",
+        "description": description,
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+
+
+def rewrite_job(job_crd: Schema, cluster_crd: Schema, openapi: Schema) -> Schema:
+    """The job's ``spec.cluster`` (the cluster's spec schema) and ``spec.template``."""
+    (version,) = job_crd["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    (cluster_version,) = cluster_crd["spec"]["versions"]
+    cluster = copy.deepcopy(cluster_version["schema"]["openAPIV3Schema"]["properties"]["spec"])
+    cluster.pop("default", None)  # given or not: exactly one of cluster and clusterSelector
+    cluster["description"] = (
+        "The spec of a ResourceCluster made for the job (named as the job, owned by it): "
+        "every field of kubectl explain resourcecluster.spec."
+    )
+    fields = cluster["properties"]
+    fields["scheduler"]["properties"]["template"] = open_template(
+        "Pod template for the scheduler pod, as in a ResourceCluster (checked when the "
+        "cluster is made)."
+    )
+    fields["workerGroups"]["items"]["properties"]["template"] = open_template(
+        "Pod template for this group's worker pods, as in a ResourceCluster (checked when "
+        "the cluster is made)."
+    )
+    spec["cluster"] = cluster
+    spec["template"] = pod_template_schema(
+        openapi,
+        "Pod template for the submitter pod ({metadata: {labels, annotations}, spec: PodSpec}); "
+        "the image defaults to the cluster's; the operator's command, environment and "
+        "restart policy win over the same fields here.",
+    )
+    return job_crd
+
+
+def write(path: Path, chart_copy: Path, crd: Schema, text: str) -> None:
+    header = "".join(
+        f"{line}\n"
+        for line in itertools.takewhile(lambda line: line.startswith("#"), text.splitlines())
+    )
+    path.write_text(header + yaml.safe_dump(crd, sort_keys=False, width=100))
+    shutil.copyfile(path, chart_copy)
+    print(f"wrote {path.relative_to(ROOT)} and {chart_copy.relative_to(ROOT)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--openapi", type=Path, default=None)
@@ -166,17 +223,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    openapi = json.loads(source.read_text())
     text = CRD_FILE.read_text()
-    header = "".join(
-        f"{line}\n"
-        for line in itertools.takewhile(lambda line: line.startswith("#"), text.splitlines())
+    crd = rewrite(yaml.safe_load(text), openapi)
+    write(CRD_FILE, CHART_CRD_FILE, crd, text)
+    job_text = JOB_CRD_FILE.read_text()
+    write(
+        JOB_CRD_FILE,
+        CHART_JOB_CRD_FILE,
+        rewrite_job(yaml.safe_load(job_text), crd, openapi),
+        job_text,
     )
-    crd = rewrite(yaml.safe_load(text), json.loads(source.read_text()))
-    CRD_FILE.write_text(header + yaml.safe_dump(crd, sort_keys=False, width=100))
-    shutil.copyfile(CRD_FILE, CHART_CRD_FILE)
-    print(
-        f"wrote {CRD_FILE.relative_to(ROOT)} and {CHART_CRD_FILE.relative_to(ROOT)} from {source}"
-    )
+    print(f"from {source}")
     return 0
 
 

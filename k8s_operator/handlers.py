@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import kopf
-from apportion.operator import leadership
+from apportion.operator import (
+    job_handlers,  # noqa: F401  (registers the ResourceJob handlers)
+    leadership,
+)
 from apportion.operator import memo as memos
 from apportion.operator.manifests import (
     GROUP,

@@ -3,7 +3,8 @@
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (k8s.io/kubernetes)
 #   etcd                                                              (go.etcd.io/etcd/server/v3)
 #   helm                                                              (helm.sh/helm/v3)
-# and the checking tools of tools.env (kube-score, github.com/zegl/kube-score), each in
+# and the tools of tools.env (kube-score, github.com/zegl/kube-score; Kueue's manager,
+# sigs.k8s.io/kueue/cmd/kueue, and its CRDs), each in
 # ~/.cache/apportion/k8s/tools/<name>-<version>.
 # All come from the Go module proxy; no Docker, no release tarballs.
 # The result lands in ~/.cache/apportion/k8s/<KUBE_VERSION>/bin/ (override the root with
@@ -153,12 +154,34 @@ ensure_kube_score() {
     rm -rf "$tmp"
 }
 
+# Kueue's manager and its CRDs, for the ResourceJob queueing tests (run against the test API
+# server as a local process). The module has no replace directives, so go install builds it
+# from the proxy as released.
+ensure_kueue() {
+    local target="$CACHE_ROOT/tools/kueue-$KUEUE_VERSION"
+    local crds="$CACHE_ROOT/tools/kueue-$KUEUE_VERSION-crds"
+    [[ -x "$target" && -d "$crds" ]] && return 0
+    log "go install sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+    local tmp dir
+    tmp=$(mktemp -d "$CACHE_ROOT/.tools.XXXXXX")
+    GOBIN="$tmp" go install -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+    dir=$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
+        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    mkdir -p "$tmp/crds" "$CACHE_ROOT/tools"
+    cp "$dir"/config/components/crd/bases/*.yaml "$tmp/crds/"
+    mv -f "$tmp/kueue" "$target"
+    rm -rf "$crds"
+    mv "$tmp/crds" "$crds"
+    rm -rf "$tmp"
+}
+
 main() {
     mkdir -p "$CACHE_ROOT"
     # One build at a time per cache (two pytest sessions may call this together).
     exec 9>"$CACHE_ROOT/.build.lock"
     flock 9
     ensure_kube_score
+    ensure_kueue
     if is_warm; then
         log "up to date: $BIN"
         return 0

@@ -54,6 +54,20 @@ def kube_score() -> Path:
     return path
 
 
+def kueue() -> tuple[Path, Path]:
+    """Kueue's manager and the folder of its CRDs, as build.sh made them, or BinariesMissing
+    naming the script to run."""
+    version = tool_versions()["KUEUE_VERSION"]
+    path = cache_root() / "tools" / f"kueue-{version}"
+    crds = cache_root() / "tools" / f"kueue-{version}-crds"
+    if not os.access(path, os.X_OK) or not crds.is_dir():
+        raise BinariesMissing(
+            f"Kueue missing ({path}): build it with "
+            f"`bash {BUILD_SCRIPT.relative_to(HERE.parent.parent)}`"
+        )
+    return path, crds
+
+
 def cache_root() -> Path:
     if root := os.environ.get("APPORTION_K8S_CACHE"):
         return Path(root)

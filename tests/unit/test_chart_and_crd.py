@@ -493,12 +493,14 @@ def test_template_namespaced() -> None:
             "name": "rel-apportion",
         }
         assert binding["subjects"][0]["namespace"] == "ops"
-    # The only cluster-wide grants left: reading CRDs and namespaces, which kopf scans.
+    # The only cluster-wide grants left: reading CRDs and namespaces, which kopf scans, and
+    # Kueue's ResourceFlavors (cluster-scoped), which a queued ResourceJob is placed by.
     (cluster_role,) = by_kind(docs, "ClusterRole")
     assert [
         (r["apiGroups"], r["resources"], sorted(r["verbs"])) for r in cluster_role["rules"]
     ] == [
         (["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "list", "watch"]),
+        (["kueue.x-k8s.io"], ["resourceflavors"], ["get", "list", "watch"]),
         ([""], ["namespaces"], ["get", "list", "watch"]),
     ]
 

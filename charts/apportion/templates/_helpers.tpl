@@ -62,12 +62,29 @@ helm.sh/chart: {{ include "apportion.chart" . }}
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# ResourceJobs: the clusters they make, their submitter pods' logs, their Kueue Workloads.
+- apiGroups: ["apportion.dev"]
+  resources: ["resourcejobs", "resourcejobs/status"]
+  verbs: ["get", "list", "watch", "patch", "update", "delete"]
+- apiGroups: ["apportion.dev"]
+  resources: ["resourceclusters"]
+  verbs: ["create", "delete"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads", "workloads/status"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
 {{- end }}
 
 {{/* Cluster-scoped reads that kopf needs in every mode. */}}
 {{- define "apportion.crdRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+# The node labels and tolerations of the flavors Kueue admits a ResourceJob with.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors"]
   verbs: ["get", "list", "watch"]
 {{- end }}
 

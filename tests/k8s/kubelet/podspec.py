@@ -70,13 +70,20 @@ def secret_mounts(pod: Obj, container: Obj, pod_dir: Path, client: Client) -> li
     """The container's Secret volumes, their files written under the pod's folder (each
     key a file, or the volume's ``items``): (folder, mountPath) pairs, mounted read-only.
     A missing Secret raises (the container waits, as the kubelet's FailedMount)."""
-    volumes = {v["name"]: v["secret"] for v in pod["spec"].get("volumes", []) if "secret" in v}
+    # ConfigMap volumes the same way (each key a file; binary keys are not written).
+    volumes = {
+        v["name"]: ("secrets", v["secret"]["secretName"], v["secret"])
+        if "secret" in v
+        else ("configmaps", v["configMap"]["name"], v["configMap"])
+        for v in pod["spec"].get("volumes", [])
+        if "secret" in v or "configMap" in v
+    }
     mounts = []
     for mount in container.get("volumeMounts", []):
         if mount["name"] not in volumes:
             continue
-        source = volumes[mount["name"]]
-        data = _config_data(client, pod["metadata"]["namespace"], "secrets", source["secretName"])
+        kind, name, source = volumes[mount["name"]]
+        data = _config_data(client, pod["metadata"]["namespace"], kind, name)
         items = source.get("items") or [{"key": k, "path": k} for k in data]
         folder = pod_dir / "volumes" / mount["name"]
         folder.mkdir(parents=True, exist_ok=True)

@@ -306,7 +306,11 @@ class PodRunner(threading.Thread):
     def _warn_unmounted(self, c: Container) -> None:
         """Logs, once per container, the volume mounts its runtime does not provide."""
         provided = {"kube-api-access-"}  # the injected service-account token
-        provided |= {v["name"] for v in self.pod["spec"].get("volumes", []) if "secret" in v}
+        provided |= {
+            v["name"]
+            for v in self.pod["spec"].get("volumes", [])
+            if "secret" in v or "configMap" in v
+        }
         if self.ctx.runtime.mode == "containers":
             provided |= {v["name"] for v in self.pod["spec"].get("volumes", []) if "emptyDir" in v}
         ignored = [
