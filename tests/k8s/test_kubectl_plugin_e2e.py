@@ -277,7 +277,11 @@ def test_job_submit_uploads_the_working_dir_and_creates_the_job(
         k8s_cluster.kubectl("get", "resourcejob", "train", "-n", namespace, "-o", "json").stdout
     )
     assert job["spec"]["entrypoint"] == ["python", "script.py", "--epochs", "3"]
-    assert job["spec"]["cluster"] == {"workerGroups": [{"name": "cpu", "replicas": 1}]}
+    # The cluster spec as given (the CRD's schema fills in its defaults beside it).
+    (group,) = job["spec"]["cluster"]["workerGroups"]
+    assert (group["name"], group["replicas"]) == ("cpu", 1)
+    defaulted = {"workerGroups", "auth", "tls", "scheduler", "resourceMap"}
+    assert set(job["spec"]["cluster"]) <= defaulted
     assert job["spec"]["workingDir"] == {"configMap": "train-workdir"}
     assert job["spec"]["backoffLimit"] == 2
     configmap = json.loads(
