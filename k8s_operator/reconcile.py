@@ -253,21 +253,9 @@ def sync_worker_groups(r: Round) -> bool:
             for key in ("minReplicas", "maxReplicas", "idleTimeoutSeconds"):
                 raw.pop(key, None)
             raw["replicas"] = todo.scaled[raw["name"]]
-    try:
-        stored = kube.patch(
-            f"{GROUP}/{VERSION}",
-            "ResourceCluster",
-            spec.namespace,
-            spec.name,
-            {
-                "metadata": {"resourceVersion": r.meta["resourceVersion"]},
-                "spec": {"workerGroups": groups},
-            },
-        )
-    except kube.ApiException as exc:
-        if exc.status == 409:  # the cluster changed since this body was read: next round
-            return False
-        raise
+    stored = _patch_worker_groups(r, spec, groups)
+    if stored is None:
+        return False
     for group_name, replicas in sorted(todo.scaled.items()):
         handle = r.handles[group_name]["metadata"]["name"]
         kube.patch(
@@ -386,6 +374,26 @@ def scheduler_ip(scheduler_pods: list[Mapping[str, Any]]) -> str | None:
     return None
 
 
+def _patch_worker_groups(r: Round, spec: ClusterSpec, groups: list[dict[str, Any]]) -> Any:
+    """Write the cluster's ``spec.workerGroups`` on the version this round read; the stored
+    object, or None when the cluster changed since (it is looked at again next round)."""
+    try:
+        return kube.patch(
+            f"{GROUP}/{VERSION}",
+            "ResourceCluster",
+            spec.namespace,
+            spec.name,
+            {
+                "metadata": {"resourceVersion": r.meta["resourceVersion"]},
+                "spec": {"workerGroups": groups},
+            },
+        )
+    except kube.ApiException as exc:
+        if exc.status == 409:
+            return None
+        raise
+
+
 def idle_out(r: Round) -> bool:
     """End a cluster nobody used for ``idleTimeoutSeconds`` (see idle.py): delete it, or
     scale every worker group to zero. Nothing is done while the spec is refused."""
@@ -407,21 +415,8 @@ def idle_out(r: Round) -> bool:
     groups = scaled_to_zero(r.body["spec"].get("workerGroups") or [])
     if groups is None:
         return True  # at zero already: stays so until someone sizes it again
-    try:
-        kube.patch(
-            f"{GROUP}/{VERSION}",
-            "ResourceCluster",
-            spec.namespace,
-            spec.name,
-            {
-                "metadata": {"resourceVersion": r.meta["resourceVersion"]},
-                "spec": {"workerGroups": groups},
-            },
-        )
-    except kube.ApiException as exc:
-        if exc.status == 409:  # changed since read (a client may be back): next round
-            return False
-        raise
+    if _patch_worker_groups(r, spec, groups) is None:
+        return False  # (a client may be back)
     event(
         r.body,
         type="Normal",
