@@ -94,6 +94,8 @@ class WorkerView:
     results: int
     resources: list[ResourceView] = field(default_factory=list)
     paused: bool = False
+    # At its spilling level: work goes elsewhere while another worker can take it.
+    nearly_full: bool = False
     # Its memory as of its last heartbeat ("" without a limit): used, limit, spilled.
     memory: str = ""
 
@@ -121,6 +123,7 @@ def worker_view(ws: WorkerState, held: dict[int, dict[str, list[int]]] | None = 
         ws.retiring,
         len(ws.has_what),
         paused=ws.paused,
+        nearly_full=ws.nearly_full and not ws.paused,
         memory=memory_text(ws.memory),
     )
     for name, total in sorted(ws.total.items()):

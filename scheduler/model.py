@@ -137,6 +137,7 @@ class WorkerState:
         "menu_size",
         "menu_version",
         "name",
+        "nearly_full",
         "nthreads",
         "paused",
         "processing",
@@ -199,6 +200,9 @@ class WorkerState:
         self.closing = False
         # The worker's latest memory report (heartbeats): rss, spilled bytes and counts.
         self.memory: dict[str, Any] = {}
+        # Its memory is past its spilling level (the worker said so in that report): new
+        # results there would go to disk, so placement passes it over while another fits.
+        self.nearly_full = False
         self.last_seen = 0.0
         # Scheduler clock time it last became idle (running nothing); None while busy.
         self.idle_since: float | None = None

@@ -118,24 +118,34 @@ def pick_worker(
             if held > best_bytes and holder in fitting and can_start(holder, ts.shape):
                 best, best_bytes = holder, held
         if best is not None and (
-            len(best.processing) < best.nthreads or best_bytes >= locality_bytes
+            best_bytes >= locality_bytes
+            or (len(best.processing) < best.nthreads and not best.nearly_full)
         ):
             return best
-        # The holder would only queue it: a worker that can start it now is better, and the
-        # holder stays in the running below (least loaded) if there is none.
+        # The holder would only queue it, or its memory is at its spilling level: a worker
+        # that can start it now is better, and the holder stays in the running below (least
+        # loaded) if there is none.
+    # A worker whose memory is at its spilling level is chosen only when no other can start
+    # the task: its results would go to disk (or it would soon pause).
+    full: WorkerState | None = None
     for ws in idle:
         if ws in fitting and fits(ts.shape, ws.free):
-            return ws
+            if not ws.nearly_full:
+                return ws
+            full = full or ws
     best = None
     best_load = float("inf")
     for ws in with_slots:
         if ws in fitting and fits(ts.shape, ws.free):
+            if ws.nearly_full:
+                full = full or ws
+                continue
             load = len(ws.processing) / ws.nthreads
             if load < best_load:
                 best, best_load = ws, load
                 if load <= floor:
                     break
-    return best
+    return best or full
 
 
 def outranks(ts: TaskState, other: TaskState) -> bool:

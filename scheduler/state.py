@@ -577,6 +577,7 @@ class SchedulerState:
             ws.last_seen = self.clock()
             if memory is not None:
                 ws.memory = memory
+                ws.nearly_full = bool(memory.get("nearly_full"))
 
     def handle_worker_status(self, address: str, msg: Message) -> None:
         """The worker paused for memory (no new work goes there: its slots are 0) or
@@ -599,6 +600,7 @@ class SchedulerState:
         measured = msg.get("memory")
         if measured:
             ws.memory = {**ws.memory, **measured}
+            ws.nearly_full = bool(ws.memory.get("nearly_full"))
         logger.log(
             logging.WARNING if paused else logging.INFO,
             "worker %s %s",

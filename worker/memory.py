@@ -76,6 +76,17 @@ def decide(
     return Decision(to_spill, now_paused, False)
 
 
+def nearly_full(limit: int | None, rss: int, thresholds: Thresholds) -> bool:
+    """Whether a process using ``rss`` bytes is at its spilling level (the lower of
+    ``target`` and ``spill``; ``pause`` when both are off): new results there would go to
+    disk, so the scheduler places work elsewhere while another worker can take it."""
+    if not limit:
+        return False
+    levels = [level for level in (thresholds.target, thresholds.spill) if level is not None]
+    level = min(levels) if levels else thresholds.pause
+    return level is not None and rss >= level * limit
+
+
 def process_memory() -> int:
     """This process's resident memory in bytes (Linux /proc; 0 where there is none)."""
     try:

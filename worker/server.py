@@ -375,11 +375,13 @@ class Worker:
 
     def memory_report(self) -> dict[str, Any]:
         """What the scheduler shows of this worker's memory (heartbeats)."""
-        data = self.data
+        data, limit = self.data, self.memory_limit
+        rss = memory.process_memory()
         report: dict[str, Any] = {
-            "limit": self.memory_limit,
-            "rss": memory.process_memory(),
+            "limit": limit,
+            "rss": rss,
             "paused": self.state.paused,
+            "nearly_full": memory.nearly_full(limit, rss, self.memory_thresholds),
         }
         if data is not None:
             report.update(

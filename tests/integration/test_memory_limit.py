@@ -187,3 +187,45 @@ def test_the_client_is_warned_once_each_time_a_worker_pauses(tmp_path: Path) -> 
 def _status(client: Client) -> str:
     (worker,) = client.scheduler_info()["workers"].values()
     return str(worker["status"])
+
+
+def hold_ballast_in(pid: int, nbytes: int) -> int:
+    """``hold_ballast`` in the worker process ``pid`` only."""
+    return hold_ballast(nbytes) if os.getpid() == pid else 0
+
+
+def test_work_goes_past_a_worker_at_its_spilling_level_while_another_can_take_it(
+    tmp_path: Path,
+) -> None:
+    settings = {
+        "worker.memory-limit": "1GiB",
+        "worker.memory.target": 0.3,  # about 300 MiB: a fresh worker is well below
+        "worker.memory.spill": 0.3,
+        "worker.memory.pause": False,
+        "worker.memory.terminate": False,
+        "worker.memory.spill-directory": str(tmp_path),
+    }
+    with (
+        config.set(settings),
+        LocalCluster(n_workers=2, threads_per_worker=1) as cluster,
+        Client(cluster) as client,
+    ):
+        pids = client.run(os.getpid)
+        full_address, full_pid = sorted(pids.items())[0]
+        client.run(hold_ballast_in, full_pid, 400 * MIB)
+
+        def memory_of(address: str) -> dict[str, Any]:
+            return dict(client.scheduler_info()["workers"][address]["memory"])
+
+        wait_for(lambda: memory_of(full_address).get("nearly_full"))
+        # The full worker ran last, so it would be the first idle worker offered.
+        client.submit(os.getpid, pure=False, workers=[full_address]).result(timeout=60)
+        # One at a time: the other worker is free for each, so none goes to the full one.
+        ran_in = {client.submit(os.getpid, pure=False).result(timeout=60) for _ in range(10)}
+        assert ran_in == {pids[a] for a in pids if a != full_address}
+
+        client.run(drop_ballast)
+        wait_for(lambda: memory_of(full_address).get("nearly_full") is False)
+        # With room again it takes work as before: the most recently idle worker first.
+        futures = [client.submit(os.getpid, pure=False) for _ in range(20)]
+        assert full_pid in set(client.gather(futures))

@@ -246,6 +246,30 @@ def test_a_busy_holder_is_still_chosen_when_no_other_worker_fits() -> None:
     assert pick_worker(ts, {holder}, [holder, other], idle=[other]) is holder
 
 
+def test_a_worker_at_its_spilling_level_is_chosen_only_when_no_other_fits() -> None:
+    full, roomy = worker("full", nthreads=2), worker("roomy", nthreads=2)
+    full.nearly_full = True
+    roomy.processing[1] = queued("running")  # busier than the full one, still preferred
+    ts = queued("t")
+    assert pick_worker(ts, {full, roomy}, [full, roomy]) is roomy
+    assert pick_worker(ts, {full, roomy}, [full, roomy], idle=[full]) is roomy
+    assert pick_worker(ts, {full}, [full, roomy], idle=[full]) is full
+    roomy.processing[2] = queued("running-too")  # its resources still fit: slots are
+    assert pick_worker(ts, {full, roomy}, [full, roomy]) is roomy  # what with_slots says
+    assert pick_worker(ts, {full, roomy}, [full]) is full  # roomy has no free slot
+
+
+def test_a_full_holder_of_small_inputs_gives_the_task_up_not_one_of_large_inputs() -> None:
+    holder, other = worker("holder", nthreads=2), worker("other", nthreads=2)
+    holder.nearly_full = True
+    ts = queued("t")
+    _holding(ts, holder, 1000)
+    assert pick_worker(ts, {holder, other}, [holder, other]) is other
+    # Moving large inputs would add their copy to another worker's memory: they stay.
+    _holding(ts, holder, LOCALITY_BYTES)
+    assert pick_worker(ts, {holder, other}, [holder, other]) is holder
+
+
 def _inputs(*held: tuple[int, WorkerState]) -> TaskState:
     """A task whose inputs are of these sizes, each on its worker."""
     ts = queued("t")

@@ -99,6 +99,19 @@ def test_the_dashboard_shows_a_paused_worker_and_its_memory() -> None:
     assert "memory 512.00 MiB of 1.00 GiB · 3.00 MiB spilled" in html
 
 
+def test_the_dashboard_shows_a_worker_at_its_spilling_level() -> None:
+    from apportion.scheduler import dashboard
+
+    sim = Sim()
+    sim.add_worker("w")
+    sim.state.handle_heartbeat("w", {"limit": 2**30, "rss": 2**29, "nearly_full": True})
+    html = dashboard.render_sections(dashboard.view(sim.state, sim.state.events, "x"))["workers"]
+    assert "spilling: work goes elsewhere" in html
+    sim.state.handle_heartbeat("w", {"limit": 2**30, "rss": 2**28, "nearly_full": False})
+    html = dashboard.render_sections(dashboard.view(sim.state, sim.state.events, "x"))["workers"]
+    assert "spilling" not in html
+
+
 def test_clients_are_told_once_each_time_a_worker_pauses_with_its_memory() -> None:
     sim = Sim()
     sim.add_client("c")

@@ -224,3 +224,16 @@ def test_a_spilled_result_freed_by_the_scheduler_is_not_read_back(tmp_path: Path
     store.evict(10**9)
     state.free_keys(["k"])
     assert store.unspilled_count == 0 and len(store) == 0
+
+
+def test_nearly_full_is_the_lower_spilling_level_reached() -> None:
+    from apportion.worker.memory import nearly_full
+
+    limit = 1000
+    assert not nearly_full(limit, 599, Thresholds())
+    assert nearly_full(limit, 600, Thresholds())  # target 0.6 is below spill 0.7
+    assert not nearly_full(limit, 690, Thresholds(target=None))
+    assert nearly_full(limit, 700, Thresholds(target=None))
+    assert nearly_full(limit, 800, Thresholds(target=None, spill=None))  # pause then
+    assert not nearly_full(limit, 999, Thresholds(None, None, None, 0.95))
+    assert not nearly_full(None, 10**12, Thresholds())  # no limit: never
