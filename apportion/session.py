@@ -52,6 +52,9 @@ MAX_DELAY = 2.0
 # A connection that ends sooner than this after it was made counts as a failed try: the
 # next reconnect waits longer (a scheduler that closes us at once is not hammered).
 STABLE_AFTER = 10.0
+# How long what is still pending on the I/O thread when its loop stops may take to end
+# once cancelled (closing a connection): it ends at once but for a peer that does not read.
+CANCEL_GRACE_SECONDS = 1.0
 # Answers to requests (see start_request), by their op.
 REPLY_OPS = frozenset(
     {
@@ -191,10 +194,22 @@ class Session:
         self._connected_at: float | None = None
         self._backoff = 0.0
         self.loop = new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="apportion-client", daemon=True
-        )
+        self.thread = threading.Thread(target=self._run_loop, name="apportion-client", daemon=True)
         self.thread.start()
+
+    def _run_loop(self) -> None:
+        """The I/O thread: the loop until stopped, then what is still pending on it (a
+        connection being made, a fetch) cancelled and let end, here and now: left pending,
+        it would be collected at the interpreter's exit, after the modules its cleanup
+        needs are gone ("Task was destroyed but it is pending!")."""
+        loop = self.loop
+        loop.run_forever()
+        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.wait(pending, timeout=CANCEL_GRACE_SECONDS))
 
     # ------------------------------------------------------------ connecting
     def connect(self, timeout: float) -> str:
