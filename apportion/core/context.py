@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -18,6 +19,31 @@ class TaskInfo:
     resources: dict[str, float] = field(default_factory=dict)
     units: dict[str, list[int]] = field(default_factory=dict)
     attempt: int = 1
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        """``CUDA_VISIBLE_DEVICES`` naming exactly the GPU units this run holds, for a
+        process it starts (see ``visible_devices``). In this process, unit ``i`` is CUDA
+        device ``i`` (``cupy.cuda.Device(i)``, ``torch.device(f"cuda:{i}")``)."""
+        return visible_devices(self.units.get("GPU", []), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def visible_devices(units: list[int], inherited: str | None) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` value that shows a child process only GPU ``units`` of
+    a worker whose own value is ``inherited``: unit ``i`` is the i-th device the worker
+    sees, so a worker started with ``CUDA_VISIBLE_DEVICES=2,3`` gives unit 1 as ``3``.
+    Empty for no units (a child then sees no GPU)."""
+    if inherited is None or not inherited.strip():
+        return ",".join(str(unit) for unit in units)
+    devices = [device.strip() for device in inherited.split(",") if device.strip()]
+    missing = [unit for unit in units if unit >= len(devices)]
+    if missing:
+        raise ValueError(
+            f"GPU units {missing} were granted, but this worker's CUDA_VISIBLE_DEVICES="
+            f"{inherited!r} shows only {len(devices)} device(s): declare no more GPU than "
+            "the worker can see"
+        )
+    return ",".join(devices[unit] for unit in units)
 
 
 @dataclass(frozen=True)
