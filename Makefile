@@ -115,6 +115,7 @@ $(BENCH_STAMP): $(PACKAGE_SOURCES) benchmarks/requirements.txt
 bench: $(BENCH_STAMP)  ## apportion vs dask.distributed vs Ray; results in benchmarks/results
 	$(BENCH_RUN) benchmarks.run $(BENCH_ARGS)
 	$(BENCH_RUN) benchmarks.tenants
+	$(BENCH_RUN) benchmarks.spill
 
 bench-tenants: $(BENCH_STAMP)  ## two tenants' GPU backlogs by weight, a quota (docs/sharing.md)
 	$(BENCH_RUN) benchmarks.tenants $(TENANTS_ARGS)
@@ -122,7 +123,7 @@ bench-tenants: $(BENCH_STAMP)  ## two tenants' GPU backlogs by weight, a quota (
 bench-quick: $(BENCH_STAMP)
 	$(BENCH_RUN) benchmarks.run --quick $(BENCH_ARGS)
 
-bench-spill: $(BENCH_STAMP)  ## results larger than memory: apportion vs dask, 2 workers at 1 GiB
+bench-spill: $(BENCH_STAMP)  ## results larger than memory: apportion vs dask vs Ray, 2 workers at 1 GiB
 	$(BENCH_RUN) benchmarks.spill $(BENCH_ARGS)
 
 profile: $(BENCH_STAMP)  ## py-spy / pyinstrument profiles of apportion's processes

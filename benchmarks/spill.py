@@ -1,6 +1,6 @@
-"""Results larger than the workers' memory, side by side with Dask.
+"""Results larger than the workers' memory, side by side with Dask and Ray.
 
-    python -m benchmarks.spill [--systems apportion,dask] [--chunks 64] [--chunk-mb 64]
+    python -m benchmarks.spill [--systems apportion,dask,ray] [--chunks 64] [--chunk-mb 64]
                                [--limit 1GiB] [--reads 2]
 
 Two worker processes (one thread each) limited to ``--limit`` persist ``--chunks`` arrays
@@ -8,7 +8,9 @@ of ``--chunk-mb`` MB (64 x 64 MB = 4 GiB against 2 x 1 GiB by default), then sum
 chunk, ``--reads`` times (every pass reads spilled chunks back). Each system runs in a
 fresh process; printed per system: seconds to persist, seconds for the sums, the peak
 resident memory of each worker process (VmHWM) against its limit, and the bytes on
-disk at the end (and, for apportion, all it wrote).
+disk at the end (and, for apportion, all it wrote). Ray has no per-worker memory limit:
+its object store, which spills to disk when full, is given the two workers' memory
+(2 x ``--limit``), with two task processes; their peaks are printed against the limit.
 ``make bench-spill`` runs it with the benchmark environment.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -99,9 +102,77 @@ def _run_dask(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any
     return {**timing, "peaks": sorted(peaks.values()), "spilled": spilled}
 
 
+def _ray_peaks() -> list[int]:
+    """Peak resident memory of Ray's task processes (``ray::`` workers) on this host."""
+    peaks = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except OSError:
+            continue  # ended meanwhile
+        if not cmdline.startswith(b"ray::"):
+            continue
+        for line in text.splitlines():
+            if line.startswith("VmHWM:"):
+                peaks.append(int(line.split()[1]) * 1024)
+    return sorted(peaks)
+
+
+def _run_ray(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any]:
+    """Ray keeps results in its object store, which spills to disk when full: given the
+    two workers' memory (2 x ``limit``) as its size, with two task processes."""
+    import tempfile
+
+    import ray
+
+    from apportion.memory_limit import parse_size
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    spill_dir = Path(tempfile.mkdtemp(prefix="ray-spill-"))
+    spilling = {"type": "filesystem", "params": {"directory_path": str(spill_dir)}}
+    ray.init(
+        num_cpus=2,
+        object_store_memory=2 * parse_size(limit),
+        _system_config={"object_spilling_config": json.dumps(spilling)},
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    try:
+        make, add = ray.remote(make_chunk), ray.remote(total)
+
+        class Ref:  # ObjectRef takes no attributes: wrap it
+            def __init__(self, ref: Any) -> None:
+                self.ref = ref
+
+            def result(self) -> Any:
+                return ray.get(self.ref)
+
+        def ray_submit(func: Any, *args: Any) -> Ref:
+            remote = make if func is make_chunk else add
+            return Ref(remote.remote(*(a.ref if isinstance(a, Ref) else a for a in args)))
+
+        def ray_wait(refs: list[Ref]) -> None:
+            ray.wait([r.ref for r in refs], num_returns=len(refs), fetch_local=False)
+
+        timing, futures = _workload(ray_submit, ray_wait, chunks, nbytes, reads)
+        spilled = sum(f.stat().st_size for f in spill_dir.rglob("*") if f.is_file())
+        peaks = _ray_peaks()
+        del futures
+    finally:
+        ray.shutdown()
+        shutil.rmtree(spill_dir, ignore_errors=True)
+    return {**timing, "peaks": peaks, "spilled": spilled}
+
+
+RUNS = {"apportion": _run_apportion, "dask": _run_dask, "ray": _run_ray}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.spill", description=__doc__)
-    parser.add_argument("--systems", default="apportion,dask")
+    parser.add_argument("--systems", default="apportion,dask,ray")
     parser.add_argument("--chunks", type=int, default=64)
     parser.add_argument("--chunk-mb", type=int, default=64)
     parser.add_argument("--limit", default="1GiB")
@@ -110,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     nbytes = opts.chunk_mb * MB
     if opts.one:
-        run = _run_apportion if opts.one == "apportion" else _run_dask
+        run = RUNS[opts.one]
         print(json.dumps(run(opts.limit, opts.chunks, nbytes, opts.reads)))
         return 0
     try:
