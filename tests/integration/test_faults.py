@@ -57,6 +57,18 @@ def _runs(log: Path) -> dict[int, list[tuple[int, float, float | None]]]:
     return runs
 
 
+def _assert_no_run_overlapped_itself(log: Path, killed_pids: set[int]) -> None:
+    """No task ran twice at once in processes that survived (runs in killed ones ended
+    with them, unlogged)."""
+    for i, task_runs in _runs(log).items():
+        survivors = [r for r in task_runs if r[0] not in killed_pids]
+        for a in survivors:
+            for b in survivors:
+                if a is not b:
+                    assert a[2] is not None and b[2] is not None
+                    assert a[2] <= b[1] or b[2] <= a[1], f"task {i} ran twice at once"
+
+
 def _gpu_in_use(client: Client) -> float:
     return sum(
         w["used_resources"].get("GPU", 0) for w in client.scheduler_info()["workers"].values()
@@ -89,13 +101,67 @@ def test_kill_storm_loses_no_result_and_leaves_no_resource_held(tmp_path: Path) 
             lambda: sum(w.restarts for w in cluster.workers.values()) == 5,
             what="every killed worker restarted (with back-off)",
         )
-    for i, task_runs in _runs(log).items():
-        survivors = [r for r in task_runs if r[0] not in killed_pids]
-        for a in survivors:
-            for b in survivors:
-                if a is not b:
-                    assert a[2] is not None and b[2] is not None
-                    assert a[2] <= b[1] or b[2] <= a[1], f"task {i} ran twice at once"
+    _assert_no_run_overlapped_itself(log, killed_pids)
+
+
+def logged_block(i: int, log: str) -> object:
+    """A 1 MiB result (``i % 251`` in every byte), its run logged as ``logged_double``'s."""
+    import numpy as np
+
+    logged_double(i, log)
+    return np.full(2**20, i % 251, dtype=np.uint8)
+
+
+def _spilled(client: Client) -> int:
+    workers = client.scheduler_info()["workers"].values()
+    return sum(w["memory"].get("spilled_total", 0) for w in workers)
+
+
+def test_kill_storm_with_results_spilling_loses_nothing(tmp_path: Path) -> None:
+    """The kill storm's guarantees hold while results go to disk and are read back."""
+    import numpy as np
+
+    log = tmp_path / "runs.log"
+    spill = tmp_path / "spill"
+    settings = {
+        # A fresh worker uses about 100 MiB: its 600 results of 1 MiB (a quarter of 2,400)
+        # cannot all stay in memory under this.
+        "worker.memory-limit": "240MiB",
+        "worker.memory.pause": False,  # spilling, not pausing, is what is tried here
+        "worker.memory.terminate": False,
+        "worker.memory.spill-directory": str(spill),
+    }
+    chooser = random.Random(11)
+    killed_pids: set[int] = set()
+    n = 2400
+    with (
+        config.set(settings),
+        LocalCluster(n_workers=4, threads_per_worker=2) as cluster,
+        Client(cluster) as client,
+    ):
+        blocks = client.map(logged_block, range(n), [str(log)] * n)
+        sums = [client.submit(np.sum, block) for block in blocks]
+        wait_until(lambda: _spilled(client) > 0, timeout=120, what="results spilled")
+        for round_ in range(4):
+            target = 400 * (round_ + 1)
+            wait_until(
+                lambda t=target: sum(f.done() for f in sums) >= t,
+                timeout=180,
+                what=f"{target} sums done",
+            )
+            alive = [
+                name for name, w in sorted(cluster.workers.items()) if w.process.poll() is None
+            ]
+            victim = chooser.choice(alive)
+            killed_pids.add(cluster.workers[victim].pid)
+            cluster.kill_worker(victim, restart=True)
+        assert client.gather(sums) == [2**20 * (i % 251) for i in range(n)]
+        # Spilled blocks read back whole, on the client too.
+        assert int(blocks[7].result(timeout=60)[0]) == 7
+        assert client.check_invariants() == []
+    _assert_no_run_overlapped_itself(log, killed_pids)
+    # Killed workers' spill directories went with their successors' start, the rest on close.
+    assert list((spill / "apportion-spill").iterdir()) == []
 
 
 @pytest.mark.filterwarnings("ignore::apportion.NoWorkerWarning")  # all workers dead at once
