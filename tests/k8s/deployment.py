@@ -17,6 +17,7 @@ from . import procs
 from .controlplane import REPO_ROOT, Cluster
 
 CRD_FILE = REPO_ROOT / "crds" / "resourceclusters.apportion.dev.yaml"
+JOB_CRD_FILE = REPO_ROOT / "crds" / "resourcejobs.apportion.dev.yaml"
 CHART = REPO_ROOT / "charts" / "apportion"
 DEFAULT_SCHEDULER_PORTS = (8786, 8787)  # a ResourceCluster's scheduler.port and httpPort
 
@@ -139,3 +140,24 @@ def deploy_operator(k8s_cluster: Cluster) -> Iterator[Deployment]:
         k8s_cluster.helm("uninstall", release, "-n", system, check=False)
         for namespace in (target, system):
             k8s_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@contextmanager
+def deploy_job_operator(k8s_cluster: Cluster, delete_timeout: float = 120) -> Iterator[Deployment]:
+    """``deploy_operator`` with the ResourceJob CRD, and every ResourceJob deleted (and
+    waited for: their clusters go first) before the operator is removed."""
+    # helm installs the chart's CRDs when absent; applied here too so that a control plane
+    # that had an older copy gets this one (server-side: it is larger than an annotation).
+    k8s_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(JOB_CRD_FILE))
+    with deploy_operator(k8s_cluster) as deployment:
+        try:
+            yield deployment
+        finally:
+            deployment.kubectl(
+                "delete",
+                "resourcejobs",
+                "--all",
+                "--wait=true",
+                check=False,
+                timeout=delete_timeout,
+            )

@@ -16,13 +16,12 @@ import pytest
 import yaml
 
 from . import procs
-from .controlplane import REPO_ROOT, Cluster
-from .deployment import Deployment, deploy_operator
+from .controlplane import Cluster
+from .deployment import Deployment, deploy_job_operator
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(900)]
 
 Obj = dict[str, Any]
-JOB_CRD = REPO_ROOT / "crds" / "resourcejobs.apportion.dev.yaml"
 
 # The seed pipeline of the resources guide, as a user's script: load, process on GPUs
 # (every tenth item needs both GPUs of a worker), aggregate on the 100 GB worker.
@@ -58,16 +57,8 @@ with Client() as client:
 
 @pytest.fixture(scope="module")
 def deployed(k8s_cluster: Cluster) -> Iterator[Deployment]:
-    # helm installs the chart's CRDs when absent; applied here too so that a control plane
-    # that had an older copy gets this one (server-side: it is larger than an annotation).
-    k8s_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(JOB_CRD))
-    with deploy_operator(k8s_cluster) as deployment:
-        try:
-            yield deployment
-        finally:
-            deployment.kubectl(
-                "delete", "resourcejobs", "--all", "--wait=true", check=False, timeout=120
-            )
+    with deploy_job_operator(k8s_cluster) as deployment:
+        yield deployment
 
 
 def job(deployed: Deployment, name: str) -> Obj | None:

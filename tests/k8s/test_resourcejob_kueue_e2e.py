@@ -18,14 +18,13 @@ from typing import Any
 import pytest
 import yaml
 
-from .controlplane import REPO_ROOT, Cluster
-from .deployment import Deployment, deploy_operator
+from .controlplane import Cluster
+from .deployment import Deployment, deploy_job_operator
 from .kueue import running_kueue
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(900)]
 
 Obj = dict[str, Any]
-JOB_CRD = REPO_ROOT / "crds" / "resourcejobs.apportion.dev.yaml"
 NODE_TYPE = "apportion.dev/node-type"
 
 
@@ -33,16 +32,12 @@ NODE_TYPE = "apportion.dev/node-type"
 def deployed(k8s_cluster: Cluster) -> Iterator[Deployment]:
     # Kueue's CRDs first: the operator finds the Workload kind when it starts.
     with running_kueue(k8s_cluster):
-        k8s_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(JOB_CRD))
-        with deploy_operator(k8s_cluster) as deployment:
-            try:
+        try:
+            with deploy_job_operator(k8s_cluster, delete_timeout=180) as deployment:
                 yield deployment
-            finally:
-                deployment.kubectl(
-                    "delete", "resourcejobs", "--all", "--wait=true", check=False, timeout=180
-                )
-                for kind in ("clusterqueue/gpus", "resourceflavor/gpu"):
-                    k8s_cluster.kubectl("delete", kind, "--wait=false", check=False)
+        finally:
+            for kind in ("clusterqueue/gpus", "resourceflavor/gpu"):
+                k8s_cluster.kubectl("delete", kind, "--wait=false", check=False)
 
 
 def queue_objects(namespace: str) -> list[Obj]:
