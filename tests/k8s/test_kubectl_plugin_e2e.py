@@ -1,9 +1,9 @@
 """``kubectl apportion`` as a user runs it: real kubectl finds the ``kubectl-apportion``
 console script on PATH and runs it against the test control plane and a helm-installed
 operator (clusters: create, get, scale, logs, dashboard, status, delete), and against a
-namespace no operator watches (jobs: submit with a working directory, get, logs, status,
-delete; the ResourceJob CRD from crds/ when it is there, else a minimal stand-in with the
-same names, status subresource and open schema).
+namespace no operator watches (jobs: submit with a working directory, --wait, get, logs
+and --follow, status, delete; the ResourceJob CRD from crds/, with statuses written as
+the operator would).
 
 Errors as a user meets them: an unknown cluster, a user without RBAC (a ServiceAccount's
 token with no Role), a ResourceJob CRD that is not installed (when it is not).
@@ -15,6 +15,7 @@ import http.cookiejar
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -24,63 +25,38 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .controlplane import REPO_ROOT, Cluster
-from .deployment import Deployment, deploy_operator
+from .controlplane import Cluster
+from .deployment import JOB_CRD_FILE, Deployment, deploy_operator
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
 
-JOB_CRD = REPO_ROOT / "crds" / "resourcejobs.apportion.dev.yaml"
-# Only the names, the status subresource and an open schema: what the plugin relies on.
-MINIMAL_JOB_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "resourcejobs.apportion.dev"},
-    "spec": {
-        "group": "apportion.dev",
-        "scope": "Namespaced",
-        "names": {
-            "kind": "ResourceJob",
-            "listKind": "ResourceJobList",
-            "plural": "resourcejobs",
-            "singular": "resourcejob",
-            "shortNames": ["rjob"],
-        },
-        "versions": [
-            {
-                "name": "v1alpha1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            },
-                            "status": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            },
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
+
+def plugin_environment(k8s: Cluster, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The control plane's kubeconfig, and this interpreter's scripts first on PATH (where
+    kubectl finds ``kubectl-apportion``)."""
+    environment = {**k8s.env(), **(env or {})}
+    environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment['PATH']}"
+    return environment
+
+
+def plugin_started(k8s: Cluster, *args: str) -> subprocess.Popen[str]:
+    """``kubectl apportion ARGS`` left running (for --wait and --follow)."""
+    return subprocess.Popen(
+        [str(k8s.bin_dir / "kubectl"), "apportion", *args],
+        env=plugin_environment(k8s),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def plugin(
     k8s: Cluster, *args: str, check: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``kubectl apportion ARGS``, kubectl finding the plugin on PATH (this venv's bin)."""
-    environment = {**k8s.env(), **(env or {})}
-    environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment['PATH']}"
     result = subprocess.run(
         [str(k8s.bin_dir / "kubectl"), "apportion", *args],
-        env=environment,
+        env=plugin_environment(k8s, env),
         capture_output=True,
         text=True,
         timeout=300,
@@ -238,10 +214,7 @@ def job_crd(k8s_cluster: Cluster, k8s_namespace: str) -> str:
         missing = plugin(k8s_cluster, "get", "jobs", "-n", k8s_namespace, check=False)
         assert missing.returncode == 1
         assert "the ResourceJob custom resource is not installed" in missing.stderr
-        if JOB_CRD.exists():
-            k8s_cluster.kubectl("apply", "-f", str(JOB_CRD))
-        else:
-            k8s_cluster.apply(MINIMAL_JOB_CRD)
+        k8s_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(JOB_CRD_FILE))
         k8s_cluster.kubectl(
             "wait", "--for=condition=Established", "crd/resourcejobs.apportion.dev", "--timeout=60s"
         )
@@ -364,3 +337,119 @@ def test_job_logs_come_from_the_submitter_pod(
     assert "hello from the entrypoint" in out
     gone = plugin(k8s_cluster, "delete", "job/echo", "-n", namespace)
     assert "resourcejob.apportion.dev/echo deleted" in gone.stdout
+
+
+def _set_job_status(k8s_cluster: Cluster, namespace: str, name: str, status: dict) -> None:
+    """What the operator would write."""
+    k8s_cluster.kubectl(
+        "patch", "resourcejob", name, "-n", namespace, "--subresource=status",
+        "--type=merge", "-p", json.dumps({"status": status}),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("phase", "exit_code"), [("Succeeded", 0), ("Failed", 1)], ids=["succeeded", "failed"]
+)
+def test_job_submit_wait_returns_when_the_job_finishes_with_its_outcome(
+    k8s_cluster: Cluster, job_crd: str, tmp_path: Path, phase: str, exit_code: int
+) -> None:
+    namespace, name = job_crd, f"waited-{phase.lower()}"
+    spec = {"spec": {"workerGroups": [{"name": "cpu", "replicas": 1}]}}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(spec))
+    waiting = plugin_started(
+        k8s_cluster,
+        "job", "submit", "--name", name, "-n", namespace,
+        "--cluster-spec", str(tmp_path / "cluster.yaml"),
+        "--wait", "--timeout", "240", "--", "python", "-c", "print(1)",
+    )  # fmt: skip
+    try:
+        k8s_cluster.wait_for(
+            lambda: (
+                k8s_cluster.kubectl(
+                    "get", "resourcejob", name, "-n", namespace, check=False
+                ).returncode
+                == 0
+            ),
+            f"{name} created",
+            120,
+        )
+        _set_job_status(k8s_cluster, namespace, name, {"phase": "Running", "attempts": 1})
+        assert waiting.poll() is None  # still waiting while it runs
+        finished: dict = {"phase": phase, "attempts": 1}
+        if phase == "Failed":
+            finished.update(
+                exitCode=3, reason="BackoffLimitExceeded", message="the entrypoint exited 3"
+            )
+        _set_job_status(k8s_cluster, namespace, name, finished)
+        out, err = waiting.communicate(timeout=120)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == exit_code, err
+    assert f"resourcejob.apportion.dev/{name} created" in out
+    assert f"resourcejob.apportion.dev/{name} {phase}" in err
+    if phase == "Failed":
+        assert "BackoffLimitExceeded: the entrypoint exited 3" in err
+
+
+def test_job_logs_follow_streams_the_entrypoint_until_it_ends(
+    k8s_cluster: Cluster, job_crd: str, tmp_path: Path
+) -> None:
+    namespace = job_crd
+    # The entrypoint prints a line, then waits for the test to connect to it (after the
+    # plugin has shown that line), then prints another and ends.
+    script = (
+        "import os, socket\n"
+        "server = socket.create_server((os.environ['POD_IP'], 9000))\n"
+        "print('first line', flush=True)\n"
+        "server.accept()[0].close()\n"
+        "print('second line', flush=True)\n"
+    )
+    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    k8s_cluster.apply(
+        {
+            "apiVersion": "apportion.dev/v1alpha1",
+            "kind": "ResourceJob",
+            "metadata": {"name": "follow"},
+            "spec": {"entrypoint": ["python", "-c", "x"], "clusterSelector": {"name": "x"}},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "follow-submitter",
+                "labels": {"apportion.dev/job": "follow", "apportion.dev/component": "submitter"},
+            },
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "submitter",
+                        "image": k8s_cluster.image,
+                        "imagePullPolicy": "Never",
+                        "command": ["python", "-c", script],
+                        "env": env,
+                    }
+                ],
+            },
+        },
+        namespace=namespace,
+    )
+    k8s_cluster.wait_pod_phase("follow-submitter", ("Running",), namespace)
+    following = plugin_started(k8s_cluster, "logs", "job/follow", "-n", namespace, "-f")
+    try:
+        assert following.stdout is not None
+        assert following.stdout.readline().strip() == "first line"
+        assert following.poll() is None  # it follows: the pod is still running
+        pod = json.loads(
+            k8s_cluster.kubectl(
+                "get", "pod", "follow-submitter", "-n", namespace, "-o", "json"
+            ).stdout
+        )
+        socket.create_connection((pod["status"]["podIP"], 9000), timeout=30).close()
+        rest, err = following.communicate(timeout=120)
+    finally:
+        if following.poll() is None:
+            following.kill()
+    assert following.returncode == 0, err
+    assert rest.strip().splitlines() == ["second line"]
