@@ -309,6 +309,17 @@ class Cluster:
         args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
         self.kubectl(*args, input=yaml.safe_dump_all(objects))
 
+    def wait_crd_established(self, name: str, timeout: float = 60) -> None:
+        """Until the CRD ``name`` is Established. Not `kubectl wait`: it fails outright
+        while a new CRD has no conditions yet."""
+
+        def established() -> bool:
+            found = json.loads(self.kubectl("get", "crd", name, "-o", "json").stdout)
+            conditions = (found.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        self.wait_for(established, f"{name} Established", timeout)
+
     def wait_for(
         self, condition: Callable[[], T | None], what: str, timeout: float = STARTUP_TIMEOUT
     ) -> T:

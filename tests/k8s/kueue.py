@@ -97,7 +97,7 @@ def running_kueue(k8s: Cluster) -> Iterator[Path]:
         k8s.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
     for crd in sorted(crds.glob("*.yaml")):
         name = yaml.safe_load(crd.read_text())["metadata"]["name"]
-        k8s.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        k8s.wait_crd_established(name)
     if k8s.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0:
         k8s.kubectl("create", "namespace", NAMESPACE)
     if not (METRICS_CERTS / "tls.crt").exists():

@@ -36,13 +36,7 @@ def crd(k8s_cluster: Cluster) -> Cluster:
     """The CRD, applied (idempotently) and Established."""
     k8s_cluster.kubectl("apply", "-f", str(CRD_FILE))
 
-    def established() -> bool:
-        # Not `kubectl wait`: it fails outright while a new CRD has no conditions yet.
-        found = json.loads(k8s_cluster.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
-        conditions = (found.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    k8s_cluster.wait_for(established, f"{CRD_NAME} Established", 60)
+    k8s_cluster.wait_crd_established(CRD_NAME)
 
     def published() -> bool:
         # The API server publishes a new CRD's OpenAPI (what kubectl explain reads) a few

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from .controlplane import Cluster
-from .deployment import JOB_CRD_FILE, Deployment, deploy_operator
+from .deployment import CRD_FILE, JOB_CRD_FILE, Deployment, deploy_operator
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
 
@@ -215,9 +215,10 @@ def job_crd(k8s_cluster: Cluster, k8s_namespace: str) -> str:
         assert missing.returncode == 1
         assert "the ResourceJob custom resource is not installed" in missing.stderr
         k8s_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(JOB_CRD_FILE))
-        k8s_cluster.kubectl(
-            "wait", "--for=condition=Established", "crd/resourcejobs.apportion.dev", "--timeout=60s"
-        )
+        k8s_cluster.wait_crd_established("resourcejobs.apportion.dev")
+    # Jobs name clusters: the plugin checks a named one exists (whichever test ran first).
+    k8s_cluster.kubectl("apply", "-f", str(CRD_FILE))
+    k8s_cluster.wait_crd_established("resourceclusters.apportion.dev")
     return k8s_namespace
 
 
@@ -300,37 +301,46 @@ def test_job_submit_uploads_the_working_dir_and_creates_the_job(
     assert "the submitter pod is gone" in kept.stderr
 
 
-def test_job_logs_come_from_the_submitter_pod(
-    k8s_cluster: Cluster, job_crd: str, tmp_path: Path
+def job_with_submitter(
+    k8s_cluster: Cluster,
+    namespace: str,
+    name: str,
+    command: list[str],
+    env: list[dict] | None = None,
 ) -> None:
-    namespace = job_crd
+    """A ResourceJob and the submitter pod the operator would make for it, running
+    ``command`` in the image (no operator watches these tests' namespace)."""
+    container = {
+        "name": "submitter",
+        "image": k8s_cluster.image,
+        "imagePullPolicy": "Never",
+        "command": command,
+        "env": env or [],
+    }
+    labels = {"apportion.dev/job": name, "apportion.dev/component": "submitter"}
     k8s_cluster.apply(
         {
             "apiVersion": "apportion.dev/v1alpha1",
             "kind": "ResourceJob",
-            "metadata": {"name": "echo"},
-            "spec": {"entrypoint": ["python", "-c", "print(1)"], "clusterSelector": {"name": "x"}},
+            "metadata": {"name": name},
+            "spec": {"entrypoint": ["python", "-c", "x"], "clusterSelector": {"name": "x"}},
         },
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {
-                "name": "echo-submitter",
-                "labels": {"apportion.dev/job": "echo", "apportion.dev/component": "submitter"},
-            },
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": "submitter",
-                        "image": k8s_cluster.image,
-                        "imagePullPolicy": "Never",
-                        "command": ["python", "-c", "print('hello from the entrypoint')"],
-                    }
-                ],
-            },
+            "metadata": {"name": f"{name}-submitter", "labels": labels},
+            "spec": {"restartPolicy": "Never", "containers": [container]},
         },
         namespace=namespace,
+    )
+
+
+def test_job_logs_come_from_the_submitter_pod(
+    k8s_cluster: Cluster, job_crd: str, tmp_path: Path
+) -> None:
+    namespace = job_crd
+    job_with_submitter(
+        k8s_cluster, namespace, "echo", ["python", "-c", "print('hello from the entrypoint')"]
     )
     k8s_cluster.wait_pod_phase("echo-submitter", ("Succeeded",), namespace)
     out = plugin(k8s_cluster, "logs", "job/echo", "-n", namespace).stdout
@@ -406,35 +416,7 @@ def test_job_logs_follow_streams_the_entrypoint_until_it_ends(
         "print('second line', flush=True)\n"
     )
     env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
-    k8s_cluster.apply(
-        {
-            "apiVersion": "apportion.dev/v1alpha1",
-            "kind": "ResourceJob",
-            "metadata": {"name": "follow"},
-            "spec": {"entrypoint": ["python", "-c", "x"], "clusterSelector": {"name": "x"}},
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "follow-submitter",
-                "labels": {"apportion.dev/job": "follow", "apportion.dev/component": "submitter"},
-            },
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": "submitter",
-                        "image": k8s_cluster.image,
-                        "imagePullPolicy": "Never",
-                        "command": ["python", "-c", script],
-                        "env": env,
-                    }
-                ],
-            },
-        },
-        namespace=namespace,
-    )
+    job_with_submitter(k8s_cluster, namespace, "follow", ["python", "-c", script], env)
     k8s_cluster.wait_pod_phase("follow-submitter", ("Running",), namespace)
     following = plugin_started(k8s_cluster, "logs", "job/follow", "-n", namespace, "-f")
     try:
