@@ -296,7 +296,10 @@ class FutureTable:
                     raise self._gone(state.key, f"worker {address} no longer holds")
                 state.store(data)
 
-        await asyncio.gather(*(fetch_from(a, s) for a, s in by_worker.items()))
+        if len(by_worker) == 1:  # the usual case: no task of its own, one loop pass fewer
+            await fetch_from(*next(iter(by_worker.items())))
+        else:
+            await asyncio.gather(*(fetch_from(a, s) for a, s in by_worker.items()))
 
     def _gone(self, key: str, problem: str) -> Exception:
         """The error for a result no worker serves: after the scheduler was lost for good,
