@@ -243,6 +243,7 @@ class Session:
             info={"client_id": client_id},
             on_push=self._pushed,
             on_closed=self._on_worker_connection_closed,
+            thread_writes=True,  # results are fetched from the calling thread
         )
         # Workers this client connected to (or tried to) so that they tell it of results.
         self.direct_workers: set[str] | None = (

@@ -241,10 +241,28 @@ async def get_data(
     process's ``host_identity``; empty: no sharing) is its host too, the rest (and what
     cannot be mapped after all) as bytes. Returns the pickles by key (absent: not held
     there) and the segments of those mapped."""
+    reply = await request(data_request(keys, host))
+    payloads, segments, unmapped = read_data_reply(reply)
+    if unmapped:
+        again = await request(data_request(unmapped, ""))
+        payloads.update(again.get("data") or {})
+    return payloads, segments
+
+
+def data_request(keys: list[str], host: str) -> dict[str, Any]:
+    """The request of ``get_data`` (``host``: see there)."""
     message: dict[str, Any] = {"op": "get-data", "keys": keys}
     if host:
         message["host"] = host
-    reply = await request(message)
+    return message
+
+
+def read_data_reply(
+    reply: dict[str, Any],
+) -> tuple[dict[str, Payload], dict[str, Segment], list[str]]:
+    """A holder's answer to ``data_request``: the pickles by key (those it described in
+    shared memory mapped), their segments, and the keys it described that could not be
+    mapped (to ask for as bytes)."""
     payloads: dict[str, Payload] = dict(reply.get("data") or {})
     segments: dict[str, Segment] = {}
     unmapped = []
@@ -254,10 +272,7 @@ async def get_data(
             unmapped.append(key)
         else:
             payloads[key], segments[key] = opened
-    if unmapped:
-        again = await request({"op": "get-data", "keys": unmapped})
-        payloads.update(again.get("data") or {})
-    return payloads, segments
+    return payloads, segments, unmapped
 
 
 def _fallback(reason: str) -> None:

@@ -242,12 +242,25 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
     share = getattr(session, "share_memory", None)
     always_shared = getattr(session, "SHARES_MEMORY", False)
     metrics: dict[str, float] = {}
-    # Untimed: connections between the workers and to the client are opened first.
+    # Untimed: connections between the workers and to the client are opened first, those
+    # of each GPU worker too (one task per GPU worker at once: one task alone warmed one of
+    # them, and the first timed transfer to the other opened its connection), and each
+    # worker runs the functions it runs timed once (a function's first run costs its
+    # unpickling, 2 ms in a first repetition once).
+    gpu_workers = sum("GPU" in w["resources"] for w in SEED_WORKERS)
     warm = session.submit(make_array, 1_000_000, resources={"MEMORY": 1})
-    session.result(session.submit(array_sum, warm, resources={"GPU": 1}))
+    session.result(session.submit(array_sum, warm, resources={"MEMORY": 1}))
+    session.gather(
+        [session.submit(array_nbytes, warm, resources={"GPU": 1}) for _ in range(gpu_workers)]
+    )
     # (2 MB: an argument of 1 MiB or more goes from the client straight to a worker, over
     # a connection of its own, opened here rather than in the first timed submit.)
-    session.result(session.submit(array_sum, np.ones(250_000), resources={"GPU": 1}))
+    session.gather(
+        [
+            session.submit(array_nbytes, np.ones(250_000), resources={"GPU": 1})
+            for _ in range(gpu_workers)
+        ]
+    )
     session.result(warm)
     del warm
     for mb in sizes.data_mb:

@@ -865,6 +865,8 @@ class Worker:
                         self.stored.drop(message["keys"])
                     else:
                         raise ProtocolError(f"unknown {hello['role']} operation {op!r}")
+                # The replies leave now, not on the loop's next tick: the peer waits on them.
+                comm.flush()
                 # Not kept while waiting for the next frame: a stored argument's frame is
                 # freed once its value is.
                 del messages, message

@@ -49,6 +49,11 @@ LISTEN_BACKLOG = 4096
 READ_BACKLOG_BYTES = 32 * 1024 * 1024
 
 
+# A thread writes a batch in one writev of at most this many pieces (the system's limit
+# is 1024); a batch of more goes through the loop.
+WRITEV_MAX_PIECES = 512
+
+
 class CommClosedError(ApportionError, ConnectionError):
     """The connection is closed (by us, the peer, or a protocol violation)."""
 
@@ -446,16 +451,29 @@ class Comm(asyncio.Protocol):
             if self._tls:
                 self._write_tls(parts)
                 return
-            self._write_locked(parts[0])
-            transport = self.transport
-            if transport is not None and not transport.is_closing() and not self.closed:
-                if type(transport).writelines is asyncio.WriteTransport.writelines:
-                    # That writelines joins the parts into one bytes object first: a copy
-                    # of all of them on top of the transport's own.
-                    for part in parts[1:]:
-                        transport.write(part)
-                else:
-                    transport.writelines(parts[1:])
+            if self._handoff:  # a thread's unsent rest goes first
+                parts = [*self._handoff, *parts]
+                self._handoff = []
+            self._write_pieces(parts)
+
+    def _write_pieces(self, pieces: list[Buffer]) -> None:
+        """Write these one after the other, none joined to another (plain TCP)."""
+        transport = self.transport
+        if transport is None or self.closed:
+            return
+        if transport.is_closing():
+            self.close("peer closed the connection")
+            return
+        if type(transport).writelines is asyncio.WriteTransport.writelines:
+            # That writelines joins the parts into one bytes object first: a copy of all
+            # of them on top of the transport's own.
+            for piece in pieces:
+                transport.write(piece)
+        else:
+            # All in one call (one writev when nothing waits): a frame's head written
+            # apart from its buffers left as a segment of its own, and woke the receiver
+            # for it alone.
+            transport.writelines(pieces)
 
     def _write_tls(self, parts: list[Buffer]) -> None:
         """Write a frame's parts to a TLS transport: at once when they are small and
@@ -498,24 +516,27 @@ class Comm(asyncio.Protocol):
                 return False
             if transport.get_write_buffer_size():
                 return False
-            frames: list[bytes] = []
+            pieces: list[Buffer] = []
             for frame in self._frames_of(messages):
-                if not isinstance(frame, bytes):
-                    return False  # out-of-band buffers: the loop writes them without a copy
-                frames.append(frame)
-            for i, frame in enumerate(frames):
-                try:
-                    sent = os.write(fd, frame)
-                except BlockingIOError:
-                    sent = 0
-                except OSError:
-                    return i > 0  # the connection broke: the loop hears of it when reading
-                if sent < len(frame):
-                    # Socket buffer full: the loop writes the rest, before anything else.
-                    self._handoff = [frame[sent:], *frames[i + 1 :]]
-                    assert self._loop is not None
-                    self._loop.call_soon_threadsafe(self._write_handoff)
-                    return True
+                if isinstance(frame, bytes):
+                    pieces.append(frame)
+                else:
+                    pieces.extend(frame)  # out-of-band buffers, from where they are
+            if not pieces or len(pieces) > WRITEV_MAX_PIECES:
+                return not pieces
+            try:
+                sent = os.writev(fd, pieces)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return False  # the connection broke: the loop hears of it when reading
+            rest = unsent(pieces, sent)
+            if rest:
+                # Socket buffer full: the loop writes the rest (views, not copies), before
+                # anything else.
+                self._handoff = rest
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(self._write_handoff)
             return True
 
     def _write_handoff(self) -> None:
@@ -529,8 +550,9 @@ class Comm(asyncio.Protocol):
 
     def _write_locked(self, data: Buffer) -> None:
         if self._handoff:
-            data = b"".join([*self._handoff, data])
-            self._handoff = []
+            handoff, self._handoff = self._handoff, []
+            self._write_pieces([*handoff, data] if data else handoff)
+            return
         transport = self.transport
         if not data or transport is None:
             return
@@ -784,3 +806,15 @@ def tune_tcp(sock: socket.socket) -> None:
         if option is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(level, option, value)
+
+
+def unsent(pieces: list[Buffer], sent: int) -> list[Buffer]:
+    """What is left of ``pieces`` once the first ``sent`` bytes of them were written:
+    views of the rest, nothing copied."""
+    for index, piece in enumerate(pieces):
+        size = memoryview(piece).nbytes
+        if sent < size:
+            first = memoryview(piece).cast("B")[sent:] if sent else piece
+            return [first, *pieces[index + 1 :]]
+        sent -= size
+    return []

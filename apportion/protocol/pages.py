@@ -38,6 +38,7 @@ from __future__ import annotations
 import errno
 import functools
 import mmap
+import sys
 import threading
 import time
 import weakref
@@ -58,6 +59,10 @@ SLOW_HUGE_PAGES = 1.2e9
 THREAD_FROM = 64 << 20
 STEP = 8 << 20  # one call of the thread's: short, so that it stops soon after its frame
 AHEAD = 32 << 20
+# Frames below this many bytes may be received into the map of one whose values are gone
+# (MapRecycler), each process watching this many bytes of such maps at most.
+RECYCLE_BELOW = THREAD_FROM
+RECYCLE_BYTES = 32 << 20
 _IDLE_CHECK_S = 1.0  # how often a waiting thread looks whether its frame was dropped
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (not in Python 3.11's mmap module)
 _PRIVATE = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
@@ -132,13 +137,20 @@ class FrameBuffer:
         "thread",
     )
 
-    def __init__(self, length: int) -> None:
+    def __init__(self, length: int, memory: mmap.mmap | None = None) -> None:
+        """``memory``: a map of at least ``length`` bytes whose pages are all made (one
+        freed by the values received into it before, see ``MapRecycler``)."""
         # huge: whether the next window is made of huge pages (None: never)
-        threaded = length >= THREAD_FROM and _populate and _libc_madvise() is not None
-        self.map, self.huge = _new_map(length, huge=not threaded)
+        threaded = (
+            memory is None and length >= THREAD_FROM and _populate and _libc_madvise() is not None
+        )
+        if memory is None:
+            self.map, self.huge = _new_map(length, huge=not threaded)
+        else:
+            self.map, self.huge = memory, None
         self.length = length
         # Pages exist up to here; without bulk making, everything is left to faults.
-        self.ready = 0 if _populate else length
+        self.ready = 0 if _populate and memory is None else length
         self._filled = 0  # what the writer said it wrote (the thread's pace)
         self._stopped = False
         self._failed = 0  # the errno that stopped the thread (ENOMEM: no memory)
@@ -227,6 +239,71 @@ class FrameBuffer:
                 code = ctypes.get_errno()
                 raise OSError(code, errno.errorcode.get(code, "madvise failed"))
         return huge_pages_pay(end - start, time.perf_counter() - began)
+
+
+class MapRecycler:
+    """The maps of received frames below ``below`` bytes, watched (``budget`` bytes of
+    them at most) so that a later frame takes one whose values are all gone, pages made,
+    instead of a new map whose pages must be made again: on a virtual machine, making the
+    pages of a 1 MB frame costs several times the copy of its bytes into them (see
+    docs/data-plane.md). What it watches stays mapped until taken again or pushed out by a
+    newer map (``budget`` bytes per process at most); the others are freed with their
+    values, as before. Thread-safe (a process may receive on several event loops)."""
+
+    def __init__(self, below: int = RECYCLE_BELOW, budget: int = RECYCLE_BYTES) -> None:
+        self.below = below
+        self.budget = budget
+        self._maps: list[mmap.mmap] = []  # oldest first
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.reused = 0  # how many frames took a map freed before
+
+    def frame_buffer(self, length: int) -> FrameBuffer:
+        """The buffer of a frame of ``length`` bytes: on a free watched map that fits (no
+        more than a quarter larger), else on a new one, watched if it is small enough."""
+        if length >= self.below or length >= THREAD_FROM:
+            return FrameBuffer(length)
+        with self._lock:
+            maps = self._maps
+            for index in range(len(maps)):
+                if length <= len(maps[index]) <= length + length // 4 and self._free(index):
+                    memory = maps.pop(index)
+                    maps.append(memory)  # the newest again
+                    self.reused += 1
+                    return FrameBuffer(length, memory)
+            buffer = FrameBuffer(length)
+            self._watch(buffer.map)
+            return buffer
+
+    def _free(self, index: int) -> bool:
+        """Whether nothing but this list holds the map at ``index``: every view of a map
+        (a frame's payload, the values made on it) holds a reference to it."""
+        return sys.getrefcount(self._maps[index]) <= 2  # the list's, and this call's
+
+    def _watch(self, memory: mmap.mmap) -> None:
+        size = len(memory)
+        if size > self.budget:
+            return
+        maps = self._maps
+        index = 0
+        while self._bytes + size > self.budget and index < len(maps):
+            if self._free(index):  # pushed out: unmapped now
+                self._bytes -= len(maps.pop(index))
+            else:
+                index += 1  # a value still lives on it: it goes with the value
+        if self._bytes + size <= self.budget:
+            maps.append(memory)
+            self._bytes += size
+
+    def watched_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+    def clear(self) -> None:
+        """Watch nothing (free maps are unmapped now, the others with their values)."""
+        with self._lock:
+            self._maps.clear()
+            self._bytes = 0
 
 
 def _ahead(filled: int) -> int:

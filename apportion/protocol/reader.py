@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from apportion.protocol.frames import HEADER_BYTES, ProtocolError, frame_length
-from apportion.protocol.pages import FrameBuffer
+from apportion.protocol.pages import FrameBuffer, MapRecycler
 
 # A frame this large is collected in a buffer of its own: an anonymous memory map of the
 # announced length, whose pages are made just ahead of the bytes written to them (see
@@ -14,6 +14,10 @@ LARGE_FRAME_BYTES = 256 * 1024
 
 
 Payload = bytes | bytearray | memoryview
+
+# The maps of large frames received in this process, taken again once their values are
+# gone (pages.MapRecycler). One per process: connections come and go, values outlive them.
+RECYCLER = MapRecycler()
 
 
 class FrameReader:
@@ -47,6 +51,7 @@ class FrameReader:
         self.large: FrameBuffer | None = None
         self.large_length = 0  # what its header announced
         self._filled = 0  # how much of it arrived
+        self._maps = RECYCLER
 
     @property
     def trusted(self) -> bool:
@@ -100,7 +105,7 @@ class FrameReader:
             end = start + HEADER_BYTES + length
             if end > size:
                 if length >= LARGE_FRAME_BYTES:
-                    self.large = FrameBuffer(length)
+                    self.large = self._maps.frame_buffer(length)
                     self.large_length, self._filled = length, 0
                     self._fill_large(view[start + HEADER_BYTES :])
                     start = size
@@ -150,5 +155,6 @@ class FrameReader:
     def _complete_large(self) -> None:
         if self.large is not None and self._filled == self.large_length:
             self.large.stop()
-            self._queue(memoryview(self.large.map))
+            # (a map taken again may be a little larger than the frame)
+            self._queue(memoryview(self.large.map)[: self.large_length])
             self.large = None

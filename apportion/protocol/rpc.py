@@ -7,6 +7,7 @@ those go to ``on_push``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 from collections.abc import Callable
@@ -17,6 +18,9 @@ from apportion.protocol.comm import Comm, CommClosedError, connect
 from apportion.protocol.frames import Message, ProtocolError
 
 logger = logging.getLogger("apportion.comm")
+
+# A reply awaited on the loop, or by another thread (request_from_thread).
+Reply = asyncio.Future[Message] | concurrent.futures.Future[Message]
 
 
 class ConnectionPool:
@@ -32,15 +36,18 @@ class ConnectionPool:
         info: dict[str, Any] | None = None,
         on_push: Callable[[Message], None] | None = None,
         on_closed: Callable[[str], None] | None = None,
+        thread_writes: bool = False,
     ) -> None:
         self.role = role
+        # Whether other threads may send requests (request_from_thread).
+        self.thread_writes = thread_writes
         self.token = token
         self.info = info  # sent with the handshake
         self.on_push = on_push
         self.on_closed = on_closed  # told the address when an open connection ends
         self._comms: dict[str, Comm] = {}
         self._connecting: dict[str, asyncio.Future[Comm]] = {}
-        self._pending: dict[int, tuple[str, asyncio.Future[Message]]] = {}
+        self._pending: dict[int, tuple[str, Reply]] = {}
         self._ids = itertools.count(1)
 
     async def _comm_for(self, address: str) -> Comm:
@@ -60,6 +67,8 @@ class ConnectionPool:
             raise
         finally:
             self._connecting.pop(address, None)
+        if self.thread_writes:
+            comm.allow_thread_writes()
         self._comms[address] = comm
         future.set_result(comm)
         background(self._read_replies(address, comm))
@@ -76,6 +85,23 @@ class ConnectionPool:
             self._pending.pop(request_id, None)
             raise
         return await reply
+
+    def request_from_thread(
+        self, address: str, message: Message
+    ) -> concurrent.futures.Future[Message] | None:
+        """From a thread other than the loop's: send a request now, when the connection to
+        ``address`` is open and idle, without waking the loop; the future of its reply
+        (answered on the loop). None, with nothing sent: use ``request`` on the loop."""
+        comm = self._comms.get(address)
+        if not self.thread_writes or comm is None or comm.closed:
+            return None
+        request_id = next(self._ids)
+        reply: concurrent.futures.Future[Message] = concurrent.futures.Future()
+        self._pending[request_id] = (address, reply)  # before the reply can come
+        if not comm.send_from_thread([{**message, "id": request_id}]):
+            self._pending.pop(request_id, None)
+            return None
+        return reply
 
     def send_if_open(self, address: str, message: Message) -> None:
         """A message needing no reply, on the connection to ``address`` if there is one."""

@@ -59,6 +59,14 @@ def test_loopback_is_measured_cached_into_made_and_into_new_memory() -> None:
     assert "2900 MB/s into memory made before, 900 MB/s into new memory" in text
 
 
+def test_the_shape_of_each_row_is_timed_over_a_connection_used_before() -> None:
+    # A first transfer warms the connection (untimed); each timed one is into new memory.
+    figures = floor.warm_transfers_mb_per_s(1_000_000, 3)
+    assert len(figures) == 3 and all(figure > 0 for figure in figures)
+    shapes = floor.shape_samples((1,))
+    assert list(shapes) == ["1"] and len(shapes["1"]) == 5
+
+
 def test_results_from_before_the_two_whole_figures_still_describe() -> None:
     text = floor.describe(
         {

@@ -7,6 +7,7 @@ import asyncio
 import socket
 import threading
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 
@@ -45,6 +46,64 @@ def test_a_thread_write_too_big_for_the_socket_is_finished_by_the_loop_in_order(
         assert got[0]["data"] == big["data"]
 
     asyncio.run(main())
+
+
+def test_a_thread_writes_a_frame_of_out_of_band_buffers_itself_the_loop_ends_it() -> None:
+    from apportion.serialize import Pickled
+
+    async def main() -> None:
+        sender, receiver = await _pair()
+        sender.allow_thread_writes()
+        payload = bytes(range(256)) * 40_000  # 10 MB: more than the socket takes at once
+        big = {"op": "big", "data": Pickled(b"h", [memoryview(payload)])}
+        loop = asyncio.get_running_loop()
+        # Written by the calling thread, not handed to the loop whole (no wake-up of it).
+        assert await loop.run_in_executor(None, sender.send_from_thread, [big])
+        sender.send({"op": "after"})
+        got = await _read(receiver, 2)
+        assert [m["op"] for m in got] == ["big", "after"]
+        assert bytes(got[0]["data"].buffers[0]) == payload
+
+    asyncio.run(main())
+
+
+class _RecordingTransport:
+    """A real transport, each call of ``write`` and ``writelines`` recorded."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.calls: list[tuple[str, int]] = []
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", 1))
+        self.transport.write(data)
+
+    def writelines(self, pieces: list) -> None:
+        self.calls.append(("writelines", len(pieces)))
+        self.transport.writelines(pieces)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.transport, name)
+
+
+def test_a_frame_head_and_its_buffers_go_to_the_transport_in_one_call() -> None:
+    """Written apart, the head left as a segment of its own and woke the receiver for it
+    alone; uvloop writes the pieces of one call with one writev."""
+    import uvloop
+
+    from apportion.serialize import Pickled
+
+    async def main() -> None:
+        sender, receiver = await _pair()
+        recording = _RecordingTransport(cast(asyncio.Transport, sender.transport))
+        sender.transport = cast(asyncio.Transport, recording)
+        payload = b"x" * 1_000_000
+        sender.send_now([{"op": "big", "data": Pickled(b"h", [memoryview(payload)])}])
+        assert recording.calls == [("writelines", 3)]  # head, padding, buffer
+        got = await _read(receiver, 1)
+        assert bytes(got[0]["data"].buffers[0]) == payload
+
+    uvloop.run(main())
 
 
 def test_a_thread_write_never_overtakes_queued_messages() -> None:

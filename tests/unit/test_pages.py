@@ -1,5 +1,6 @@
 """FrameBuffer: a large frame's pages are made in bulk just ahead of what arrived, by a
-thread of the frame's own for large ones."""
+thread of the frame's own for large ones; MapRecycler: a smaller frame takes the map of
+one whose values are gone."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from collections.abc import Callable
 import pytest
 
 from apportion.protocol import pages
+from apportion.protocol import reader as reader_module
 from apportion.protocol.frames import HEADER_BYTES, ProtocolError, decode, encode
-from apportion.protocol.pages import MAX_WINDOW, MIN_WINDOW, FrameBuffer
+from apportion.protocol.pages import MAX_WINDOW, MIN_WINDOW, FrameBuffer, MapRecycler
 from apportion.protocol.reader import FrameReader
 
 
@@ -231,3 +233,50 @@ def test_no_memory_for_the_pages_fails_the_frame(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ProtocolError, match="no memory for the pages of a frame"):
         reader.large_room()
     assert reader.large is None  # dropped: never touched again
+
+
+def test_a_frame_takes_the_map_of_one_whose_values_are_gone_pages_made() -> None:
+    recycler = MapRecycler(budget=8 << 20)
+    first = recycler.frame_buffer(1_000_000)
+    first.room(0)  # (its pages made, as when its bytes arrived)
+    first_map = id(first.map)
+    value = memoryview(first.map)[:1_000_000]  # a value received into it, still alive
+    del first
+    busy = recycler.frame_buffer(1_000_000)
+    assert id(busy.map) != first_map and recycler.reused == 0
+    del busy
+    too_small = recycler.frame_buffer(700_000)  # more than a quarter smaller: a map of its own
+    assert id(too_small.map) != first_map
+    del value
+    again = recycler.frame_buffer(900_000)
+    assert id(again.map) == first_map and recycler.reused == 1
+    assert again.room(0) == again.length == 900_000  # nothing to make, nothing past the frame
+
+
+def test_the_maps_watched_for_reuse_stay_within_their_budget() -> None:
+    recycler = MapRecycler(budget=3 << 20)
+    alive = [memoryview(recycler.frame_buffer(1 << 20).map) for _ in range(5)]
+    assert recycler.watched_bytes() == 3 << 20  # the others go with their values
+    del alive
+    for _ in range(5):  # free ones are taken again or pushed out: never more than the budget
+        recycler.frame_buffer(1 << 20)
+        recycler.frame_buffer(2 << 20)
+        assert recycler.watched_bytes() <= 3 << 20
+    assert recycler.frame_buffer(pages.THREAD_FROM).map is not None  # never watched
+    assert recycler.watched_bytes() <= 3 << 20
+
+
+def test_a_frame_received_into_a_larger_map_taken_again_is_exactly_its_own_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reader_module, "RECYCLER", MapRecycler())
+    sizes = [1_000_000, 950_000, 1_000_000]
+    for size in sizes:
+        data = os.urandom(size)
+        reader = FrameReader(max_frame=1 << 26)
+        stream = encode([{"op": "big", "data": data}]) + encode([{"op": "after"}])
+        reader.feed(stream[:1000])  # the frame's start: the rest goes into its own map
+        reader.feed(stream[1000:])
+        assert decode(reader.pop()) == [{"op": "big", "data": data}]
+        assert decode(reader.pop()) == [{"op": "after"}]
+    assert reader_module.RECYCLER.reused == 2
