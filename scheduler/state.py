@@ -535,6 +535,10 @@ class SchedulerState:
             else:
                 self._set_state(ts, "released", "its worker left")
                 rerun.append(ts)
+                # The worker may have told the clients waiting for it of its result itself
+                # (before this scheduler heard): that result is gone with it.
+                for client in ts.who_wants:
+                    self.send(client, {"op": "task-lost", "key": ts.key})
         if self.settings.tenants is not None:
             for run_id in ws.processing:
                 self.settings.tenants.ended(run_id)

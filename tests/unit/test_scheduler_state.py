@@ -373,7 +373,8 @@ def test_worker_loss_recomputes_lost_results_from_lineage(sim: Sim) -> None:
     sim.finish("c")
     assert sim.computed_keys("w2") == ["a", "b", "c"]
     assert sim.states()["c"] == "memory"
-    assert sim.client_ops("c") == ["task-finished"]
+    # c was running on w1, which may have told the client of its result before dying.
+    assert sim.client_ops("c") == ["task-lost", "task-finished"]
 
 
 def test_worker_loss_does_not_recompute_results_held_elsewhere(sim: Sim) -> None:
@@ -396,6 +397,21 @@ def test_worker_loss_does_not_recompute_results_held_elsewhere(sim: Sim) -> None
     assert sim.computed_keys("rescue") == ["y", "z"]
     sim.finish("z")
     assert sim.states() == {"x": "memory", "y": "memory", "z": "memory"}
+
+
+def test_a_run_lost_with_its_worker_is_lost_to_its_clients_before_the_worker_is_named(
+    sim: Sim,
+) -> None:
+    """A worker tells waiting clients of a result itself, maybe before the scheduler hears
+    of it; if it is lost then, a client fetching that result from it must learn the result
+    is gone (and wait for it to be made again), not only that the worker left."""
+    sim.add_worker("w1", {"A": 1})
+    sim.add_worker("w2", {"A": 1})
+    sim.submit("x", resources={"A": 1})
+    (holder,) = [w for w, _ in sim.computes]
+    sim.remove_worker(holder)  # x was running there, as far as the scheduler knows
+    ops = [m["op"] for m in sim.to_clients["c"] if m.get("key") in ("x", None)]
+    assert ops.index("task-lost") < ops.index("worker-left")
 
 
 def test_a_worker_lost_is_named_to_every_worker_and_client_after_its_results(sim: Sim) -> None:
