@@ -7,6 +7,7 @@ by reference, the same way on all three systems.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -64,6 +65,52 @@ def peak_rss_mb(_: Any = None) -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1e3  # kB
     return float("nan")
+
+
+def process_id(_: Any = None) -> int:
+    """The id of the process running this (a task's worker)."""
+    import os
+
+    return os.getpid()
+
+
+def array_nbytes_and_process(array: Any) -> tuple[int, int]:
+    import os
+
+    return int(array.nbytes), os.getpid()
+
+
+def _descendants() -> list[int]:
+    """This process's descendants (the local cluster's processes), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            parents.setdefault(parent, []).append(int(entry))
+    found, todo = [], [os.getpid()]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """CPU seconds each process has used so far, all its threads (also ended ones) in
+    user and kernel mode: its process CPU clock (Linux's clock id for a pid: ``~pid << 3
+    | 2``), read from outside it, so no task runs there to ask. Processes that cannot be
+    read are left out."""
+    seconds = {}
+    for pid in pids:
+        try:
+            seconds[pid] = time.clock_gettime(((~pid) << 3) | 2)
+        except OSError:
+            continue
+    return seconds
 
 
 def share_memory_here(on: bool) -> None:
@@ -305,8 +352,10 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
 def data_tls(session: Session, sizes: Sizes) -> dict[str, float]:
     """The data workload's worker to worker and gather rows on a cluster whose every
     connection is mutual TLS (the same certificates for every system; shared memory off),
-    then the sending worker's peak resident memory (MB). Read against the TCP rows of the
-    same run: child.py adds each row's percentage of its TCP figure."""
+    each with the CPU time the sending and the receiving process spent on it (ms per 100
+    MB: what bounds TLS on a machine whose cores are shared, where the MB/s swing with
+    the load), then the sending worker's peak resident memory (MB). Read against the TCP
+    rows of the same run: child.py adds each row's percentage of its TCP figure."""
     share = getattr(session, "share_memory", None)
     if share is not None:
         share(False)
@@ -316,12 +365,39 @@ def data_tls(session: Session, sizes: Sizes) -> dict[str, float]:
     session.result(warm)
     del warm
     for mb in sizes.tls_mb:
-        array, total, seconds, _ = _worker_to_worker(session, mb * 1_000_000)
+        nbytes = mb * 1_000_000
+        array = session.submit(make_array, nbytes, resources={"MEMORY": 1})
+        holder = session.result(session.submit(process_id, array, resources={"MEMORY": 1}))
+        before = cpu_seconds(_descendants())
+        start = time.perf_counter()
+        got, receiver = session.result(
+            session.submit(array_nbytes_and_process, array, resources={"GPU": 1})
+        )
+        seconds = time.perf_counter() - start
+        after = cpu_seconds([holder, receiver])
+        assert got == nbytes, "data_tls: wrong answer"
         metrics[f"data_{mb}mb_tls_worker_to_worker_mb_per_s"] = mb / seconds
+        per_100mb = 1e3 * 100 / mb  # CPU ms per 100 MB moved
+        if holder != receiver and {holder, receiver} <= before.keys() & after.keys():
+            metrics[f"data_{mb}mb_tls_worker_to_worker_cpu_ms_sender"] = per_100mb * (
+                after[holder] - before[holder]
+            )
+            metrics[f"data_{mb}mb_tls_worker_to_worker_cpu_ms_receiver"] = per_100mb * (
+                after[receiver] - before[receiver]
+            )
+        before = cpu_seconds([holder])
+        client_before = time.process_time()
         start = time.perf_counter()
         gathered = session.result(array)
         metrics[f"data_{mb}mb_tls_gather_mb_per_s"] = mb / (time.perf_counter() - start)
-        assert gathered.nbytes == mb * 1_000_000 and total == gathered.size, "data_tls: wrong"
+        client_cpu = time.process_time() - client_before
+        after = cpu_seconds([holder])
+        if holder != os.getpid() and holder in before.keys() & after.keys():
+            metrics[f"data_{mb}mb_tls_gather_cpu_ms_sender"] = per_100mb * (
+                after[holder] - before[holder]
+            )
+            metrics[f"data_{mb}mb_tls_gather_cpu_ms_client"] = per_100mb * client_cpu
+        assert gathered.nbytes == nbytes, "data_tls: wrong answer"
         del array, gathered
     metrics["data_tls_peak_rss_sender_mb"] = session.result(
         session.submit(peak_rss_mb, resources={"MEMORY": 1})
@@ -460,6 +536,18 @@ METRICS: list[Metric] = [
                 True,
                 50 if mb >= 100 else None,  # (smaller transfers: round trips, not bytes)
             ),
+        )
+    ),
+    *(
+        Metric(
+            f"data_{mb}mb_tls_{what}_cpu_ms_{side}", f"{mb} MB over TLS: {label}", "ms", False, None
+        )
+        for mb in sorted({*Sizes().tls_mb, *Sizes.quick().tls_mb})
+        for what, side, label in (
+            ("worker_to_worker", "sender", "worker to worker, sender's CPU per 100 MB"),
+            ("worker_to_worker", "receiver", "worker to worker, receiver's CPU per 100 MB"),
+            ("gather", "sender", "client gather, sender's CPU per 100 MB"),
+            ("gather", "client", "client gather, client's CPU per 100 MB"),
         )
     ),
     Metric("data_peak_rss_sender_mb", "data: peak RSS, sending worker", "MB", False, None),

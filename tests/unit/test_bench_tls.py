@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import shutil
 import ssl
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import tls
+from benchmarks import tls, workloads
 from benchmarks.workloads import Sizes, tls_share_of_tcp
 
 
@@ -50,3 +52,19 @@ def test_the_certificates_serve_mutual_tls_on_loopback(tmp_path: Path) -> None:
                 pass
     assert ours.version() == "TLSv1.3"
     assert theirs.getpeercert()["subject"]  # the client presented its certificate
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_the_cpu_of_a_cluster_process_is_read_from_outside_it() -> None:
+    """The TLS rows' CPU figures: a child's CPU time, all its threads, read by its pid."""
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", burn + "print('burnt', flush=True)\ninput()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "burnt"
+        assert child.pid in workloads._descendants()
+        assert workloads.cpu_seconds([child.pid])[child.pid] >= 0.2
+    finally:
+        child.kill()
+        child.wait()
+    assert workloads.cpu_seconds([child.pid]) == {}  # gone: left out
