@@ -27,6 +27,9 @@ from apportion.session import Session, split_submission, task_bytes_limit
 
 logger = logging.getLogger("apportion.client")
 
+# Holders whose who_has lists are shared at most (workers come and go: forgotten past it).
+MAX_SHARED_HOLDERS = 1024
+
 
 class FutureTable:
     """The states of one client's keys; see the module's docstring.
@@ -43,6 +46,8 @@ class FutureTable:
         # Impure keys: a random prefix per client and a counter (no uuid4 per task).
         self.key_prefix = uuid.uuid4().hex[:20]
         self.key_counter = itertools.count()
+        # Each sole holder's who_has list, shared by its results (see _holders).
+        self._sole_holders: dict[str, list[str]] = {}
         # Called with a key's state when the key is released while connected (set by
         # whoever must hear of it: the client's stored arguments).
         self.on_forget: Callable[[str, FutureState | None], None] | None = None
@@ -78,6 +83,14 @@ class FutureTable:
     def retain(self, key: str) -> None:
         with self.lock:
             self.refs[key] = self.refs.get(key, 0) + 1
+
+    def hold(self, keys: list[str]) -> None:
+        """Count one more Future of each of ``keys`` (made with ``Future.counted``); called
+        with ``lock`` held."""
+        refs = self.refs
+        get = refs.get
+        for key in keys:
+            refs[key] = get(key, 0) + 1
 
     def release(self, key: str) -> None:
         """One Future of ``key`` is gone; the last one releases the key on the scheduler."""
@@ -119,9 +132,24 @@ class FutureTable:
     # On the session's loop thread, for every task: kept to a lookup and a call.
     def _finished(self, message: Message) -> None:
         state = self.states.get(message.get("key", ""))
+        who_has = self._holders(message["who_has"])
         if state is not None:
-            state.finish(message["who_has"], message.get("nbytes", 0), message.get("data"))
-        self.session.note_holder(message["who_has"])
+            state.finish(who_has, message.get("nbytes", 0), message.get("data"))
+        self.session.note_holder(who_has)
+
+    def _holders(self, who_has: list[str]) -> list[str]:
+        """``who_has`` as one list shared by every result of the same sole holder: each
+        message decodes a list and an address of its own, which a finished state would
+        otherwise keep (about 130 bytes a future). States replace the list, never change it."""
+        if len(who_has) != 1:
+            return who_has
+        shared = self._sole_holders.get(who_has[0])
+        if shared is not None:
+            return shared
+        if len(self._sole_holders) >= MAX_SHARED_HOLDERS:
+            self._sole_holders.clear()
+        self._sole_holders[who_has[0]] = who_has
+        return who_has
 
     def _erred(self, message: Message) -> None:
         state = self.states.get(message.get("key", ""))
@@ -154,7 +182,9 @@ class FutureTable:
             return
         state = self.states.get(message.get("key", ""))
         if state is not None and not state.is_done():
-            state.finish(message["who_has"], message.get("nbytes", 0), message.get("data"))
+            state.finish(
+                self._holders(message["who_has"]), message.get("nbytes", 0), message.get("data")
+            )
 
     def _undeliverable(self, message: Message, why: str) -> None:
         """A submission too large for the scheduler's frames: its tasks fail with why."""

@@ -53,6 +53,8 @@ class FutureState:
         "_done",
         "_event",
         "_reason",
+        "_shared",
+        "_spec",
         "_value",
         "arguments",
         "callbacks",
@@ -60,9 +62,7 @@ class FutureState:
         "deps",
         "error",
         "key",
-        "lock",
         "nbytes",
-        "spec",
         "status",
         "who_has",
     )
@@ -74,7 +74,6 @@ class FutureState:
         # futures are never waited on while pending (chains, map then gather).
         self._done = False
         self._event: threading.Event | None = None
-        self.lock = _LOCKS[hash(key) & 63]
         self.data: bytes | None = None
         self._value: Any = _MISSING
         self.error: tuple[bytes, str] | None = None
@@ -85,9 +84,38 @@ class FutureState:
         self.nbytes = 0
         self.callbacks: list[Callable[[], None]] = _NO_CALLBACKS
         # Lineage, for a new scheduler after a restart (see apportion/lineage.py): the
-        # message the task was submitted with, and the states of its dependencies.
-        self.spec: dict[str, Any] | None = None
+        # message the task was submitted with (``spec``), and the states of its
+        # dependencies. The tasks of one map() keep only their pickled arguments here,
+        # and share the rest of their message (see ``submitted_with``).
+        self._spec: dict[str, Any] | bytes | None = None
+        self._shared: dict[str, Any] | None = None
         self.deps: list[FutureState] = _NO_DEPS
+
+    @property
+    def lock(self) -> threading.Lock:
+        """The lock guarding this state's few assignments (one of a fixed set, by key)."""
+        return _LOCKS[hash(self.key) & 63]
+
+    @property
+    def spec(self) -> dict[str, Any] | None:
+        """The message this task was submitted with (its lineage), or None."""
+        spec = self._spec
+        shared = self._shared
+        if shared is None or spec is None:
+            return spec  # type: ignore[return-value]  # a dict, or None
+        return {"key": self.key, **shared, "args": spec}
+
+    @spec.setter
+    def spec(self, spec: dict[str, Any] | None) -> None:
+        self._spec = spec
+        self._shared = None
+
+    def submitted_with(self, shared: dict[str, Any], args: bytes) -> None:
+        """Keep as lineage a task whose message is ``shared`` (every field but its key
+        and arguments, the same object for every task of a map) with ``args``: a map's
+        futures need not each keep a message of their own."""
+        self._spec = args
+        self._shared = shared
 
     # Set only for a task with large arguments stored on a worker (apportion/stored_args.py):
     # their futures, held as long as this state, so that released means freed.
@@ -207,6 +235,16 @@ class Future:
         self.client = client
         self._state = state
         client.future_table.retain(key)
+
+    @classmethod
+    def counted(cls, key: str, client: Any, state: FutureState) -> Future:
+        """A future whose reference the caller has counted in the client's future table
+        already (many at once, under one lock: ``FutureTable.hold``)."""
+        future = cls.__new__(cls)
+        future.key = key
+        future.client = client
+        future._state = state
+        return future
 
     @property
     def status(self) -> str:

@@ -1,0 +1,71 @@
+"""A large map's futures: what each costs the client, and that they are the futures
+``submit`` would have made (the same keys, the same lineage)."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+import warnings
+
+from apportion import Client, LocalCluster
+from apportion.client import NoWorkerWarning
+from apportion.lineage import re_registration
+
+from .tasks import inc
+
+FUTURES = 20_000
+
+
+def test_a_maps_pending_futures_keep_few_bytes_each() -> None:
+    with LocalCluster(workers=[]) as cluster, Client(cluster) as client:
+        warnings.simplefilter("ignore", NoWorkerWarning)  # nothing runs: no worker
+        client.map(inc, range(10))  # the function pickled and cached once, beforehand
+        client.scheduler_info()  # a round trip: what was queued to send is sent
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            held = client.map(inc, range(FUTURES))
+            client.scheduler_info()
+            gc.collect()
+            per_future = (tracemalloc.get_traced_memory()[0] - before) / FUTURES
+        finally:
+            tracemalloc.stop()
+        assert len(held) == FUTURES
+        # About 590 bytes when each future's state kept a message of its own; 405 with
+        # its arguments only (the future, its state, key, arguments, the table's entries).
+        assert per_future <= 480, f"{per_future:.0f} bytes kept per pending future"
+
+
+def test_a_maps_futures_have_the_keys_and_lineage_submit_gives() -> None:
+    with LocalCluster(workers=[]) as cluster, Client(cluster) as client:
+        warnings.simplefilter("ignore", NoWorkerWarning)
+        mapped = client.map(inc, [5, 6], resources={"GPU": 1})
+        submitted = client.submit(inc, 6, resources={"GPU": 1})
+        assert mapped[1].key == submitted.key  # pure: the same call is the same task
+        assert mapped[1]._state is submitted._state
+        assert client.map(inc, [5, 5]) != [mapped[0], mapped[0]]  # another demand
+        impure = client.map(inc, [5, 5], pure=False)
+        assert impure[0].key != impure[1].key
+        stepped = client.map(inc, [1, 2], key="step")
+        assert all(f.key.startswith("step-") for f in stepped)
+        spec = mapped[0]._state.spec
+        assert spec is not None
+        assert spec["key"] == mapped[0].key and spec["resources"] == {"GPU": 1}
+        specs, lineage_only = re_registration([f._state for f in [*mapped, *impure]])
+        assert [s["key"] for s in specs] == [f.key for f in [*mapped, *impure]]
+        assert lineage_only == []
+        # What a new scheduler is given runs: the message is whole.
+        assert {"key", "func", "args", "resources"} <= set(specs[0])
+
+
+def test_results_of_one_worker_share_one_holder_list() -> None:
+    with (
+        LocalCluster(workers=[{"name": "w", "nthreads": 1}]) as cluster,
+        Client(cluster) as client,
+    ):
+        futures = client.map(inc, range(200))
+        assert client.gather(futures) == list(range(1, 201))
+        holders = {id(f._state.who_has) for f in futures}
+        assert len(holders) == 1, "each result kept a holder list of its own"
+        assert futures[0]._state.who_has == [client.scheduler_info()["workers"].popitem()[0]]
