@@ -400,7 +400,6 @@ class Client(metaclass=_ClientType):
         if parent is not None:  # (_enqueue sets it on what is sent; this is the lineage)
             shared["parent"] = parent
         futures: list[Future] = []
-        held: list[str] = []
         with self._lock:
             states = self._states
             for entry in prepared:
@@ -421,9 +420,8 @@ class Client(metaclass=_ClientType):
                     specs.append(spec)
                 else:
                     state = known
-                held.append(key)
+                state.refs += 1
                 futures.append(Future.counted(key, self, state))
-            table.hold(held)
         return specs, futures
 
     def _options(
@@ -1037,7 +1035,7 @@ class Client(metaclass=_ClientType):
             state.restart()
         keys = [state.key for state in again]
         with self._lock:
-            lineage_only = [key for key in keys if key not in self.future_table.refs]
+            lineage_only = [key for key in keys if key not in self._states]
         self.session.post({"op": "release", "keys": keys})
         self.session.post({"op": "submit", "tasks": [state.spec for state in again]})
         if lineage_only:

@@ -34,7 +34,8 @@ MAX_SHARED_HOLDERS = 1024
 class FutureTable:
     """The states of one client's keys; see the module's docstring.
 
-    ``states`` and ``refs`` are guarded by ``lock`` (the session's)."""
+    ``states`` and each state's ``refs`` (how many Futures hold it) are guarded by
+    ``lock`` (the session's). A key is in ``states`` while a Future holds its state."""
 
     def __init__(self, session: Session, client: Any) -> None:
         self.session = session
@@ -42,7 +43,6 @@ class FutureTable:
         self.client = client
         self.lock = session.lock
         self.states: dict[str, FutureState] = {}
-        self.refs: dict[str, int] = {}
         # Impure keys: a random prefix per client and a counter (no uuid4 per task).
         self.key_prefix = uuid.uuid4().hex[:20]
         self.key_counter = itertools.count()
@@ -80,27 +80,21 @@ class FutureTable:
             state = self.states.get(key)
         return state if state is not None and state.status != "cancelled" else None
 
-    def retain(self, key: str) -> None:
+    def retain(self, state: FutureState) -> None:
         with self.lock:
-            self.refs[key] = self.refs.get(key, 0) + 1
+            state.refs += 1
 
-    def hold(self, keys: list[str]) -> None:
-        """Count one more Future of each of ``keys`` (made with ``Future.counted``); called
-        with ``lock`` held."""
-        refs = self.refs
-        get = refs.get
-        for key in keys:
-            refs[key] = get(key, 0) + 1
-
-    def release(self, key: str) -> None:
-        """One Future of ``key`` is gone; the last one releases the key on the scheduler."""
+    def release(self, state: FutureState) -> None:
+        """One Future of ``state`` is gone; the last one releases its key on the scheduler
+        (unless the key has a state of its own since: the cancelled one was replaced)."""
         with self.lock:
-            refs = self.refs.get(key, 0) - 1
-            if refs > 0:
-                self.refs[key] = refs
+            state.refs -= 1
+            if state.refs > 0:
                 return
-            self.refs.pop(key, None)
-            state = self.states.pop(key, None)
+            key = state.key
+            if self.states.get(key) is not state:
+                return
+            del self.states[key]
             session = self.session
             if session.closed or session.lost:
                 return
@@ -113,7 +107,7 @@ class FutureTable:
         returns the keys held by futures now."""
         with self.lock:
             lineage.attach(self.states, specs)
-            return set(self.refs)
+            return set(self.states)
 
     def re_registration(self) -> list[Message]:
         """What a new scheduler hears first: the tasks this client still wants, with the
@@ -134,7 +128,7 @@ class FutureTable:
         state = self.states.get(message.get("key", ""))
         who_has = self._holders(message["who_has"])
         if state is not None:
-            state.finish(who_has, message.get("nbytes", 0), message.get("data"))
+            state.finish(who_has, message.get("data"))
         self.session.note_holder(who_has)
 
     def _holders(self, who_has: list[str]) -> list[str]:
@@ -182,9 +176,7 @@ class FutureTable:
             return
         state = self.states.get(message.get("key", ""))
         if state is not None and not state.is_done():
-            state.finish(
-                self._holders(message["who_has"]), message.get("nbytes", 0), message.get("data")
-            )
+            state.finish(self._holders(message["who_has"]), message.get("data"))
 
     def _undeliverable(self, message: Message, why: str) -> None:
         """A submission too large for the scheduler's frames: its tasks fail with why."""
@@ -209,7 +201,9 @@ class FutureTable:
         flat = collect_futures(futures)
         for future in flat:
             future._wait(None)
-        self.fetch_missing([f for f in flat if f.status == "finished"])
+        missing = [f for f in flat if f.status == "finished" and not f._state.has_value()]
+        if missing:
+            self.fetch_missing(missing)
         skipped = object()
 
         def resolve(future: Future) -> Any:

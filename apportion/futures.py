@@ -62,7 +62,7 @@ class FutureState:
         "deps",
         "error",
         "key",
-        "nbytes",
+        "refs",
         "status",
         "who_has",
     )
@@ -81,7 +81,8 @@ class FutureState:
         # fresh copy (see exception()).
         self._reason: BaseException | None = None
         self.who_has: list[str] = _NO_HOLDERS
-        self.nbytes = 0
+        # How many Futures hold this state (counted by the client's future table).
+        self.refs = 0
         self.callbacks: list[Callable[[], None]] = _NO_CALLBACKS
         # Lineage, for a new scheduler after a restart (see apportion/lineage.py): the
         # message the task was submitted with (``spec``), and the states of its
@@ -122,9 +123,8 @@ class FutureState:
     arguments: tuple[Any, ...]
 
     # Called on the client's event-loop thread.
-    def finish(self, who_has: list[str], nbytes: int, data: bytes | None) -> None:
+    def finish(self, who_has: list[str], data: bytes | None) -> None:
         self.who_has = who_has
-        self.nbytes = nbytes
         if data is not None:
             self.data = data
         self._set("finished")
@@ -234,12 +234,12 @@ class Future:
         self.key = key
         self.client = client
         self._state = state
-        client.future_table.retain(key)
+        client.future_table.retain(state)
 
     @classmethod
     def counted(cls, key: str, client: Any, state: FutureState) -> Future:
-        """A future whose reference the caller has counted in the client's future table
-        already (many at once, under one lock: ``FutureTable.hold``)."""
+        """A future the caller has counted in ``state.refs`` already (many at once, under
+        the future table's lock)."""
         future = cls.__new__(cls)
         future.key = key
         future.client = client
@@ -307,7 +307,7 @@ class Future:
 
     def __del__(self) -> None:
         try:
-            self.client.future_table.release(self.key)
+            self.client.future_table.release(self._state)
         except Exception:
             pass  # interpreter shutting down
 
@@ -391,7 +391,10 @@ def states_of(futures: Iterable[Future]) -> list[FutureState]:
 
 
 def collect_futures(obj: Any) -> list[Future]:
-    """The futures in ``obj`` (a future, or lists, tuples, sets and dicts of them, nested)."""
+    """The futures in ``obj`` (a future, or lists, tuples, sets and dicts of them, nested).
+    A list of futures only (a map's) is returned as it is, not copied: callers read it."""
+    if type(obj) is list and all(type(item) is Future for item in obj):
+        return obj
     out: list[Future] = []
     stack = [obj]
     while stack:
@@ -411,6 +414,8 @@ def rebuild(obj: Any, resolve: Callable[[Future], Any], skipped: object) -> Any:
         return resolve(obj)
     if isinstance(obj, (list, tuple, set, frozenset)):
         items = [rebuild(item, resolve, skipped) for item in obj]
+        if type(obj) is list and not any(item is skipped for item in items):
+            return items  # the usual case: not copied again
         return type(obj)(item for item in items if item is not skipped)
     if isinstance(obj, dict):
         pairs = {k: rebuild(v, resolve, skipped) for k, v in obj.items()}
