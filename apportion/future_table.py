@@ -199,7 +199,7 @@ class FutureTable:
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
         flat = collect_futures(futures)
-        for future in flat:
+        for future in reversed(flat):  # the last first: see futures._wait
             future._wait(None)
         missing = [f for f in flat if f.status == "finished" and not f._state.has_value()]
         if missing:
@@ -220,7 +220,7 @@ class FutureTable:
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
         flat = collect_futures(futures)
-        for future in flat:
+        for future in reversed(flat):  # the last first: see futures._wait
             await wait_state(future._state)
         missing = [f for f in flat if f.status == "finished" and not f._state.has_value()]
         if missing:

@@ -440,14 +440,20 @@ def wait(fs: Any, timeout: float | None = None, return_when: str = ALL_COMPLETED
         raise ValueError(
             f"return_when must be {ALL_COMPLETED!r} or {FIRST_COMPLETED!r}, got {return_when!r}"
         )
-    futures = set(futures_of(fs))
+    # A list of futures only (a map's) needs no search for futures inside it: a set of
+    # a million is made once, not after a dict of them as well.
+    plain = type(fs) is list and all(type(f) is Future for f in fs)
+    ordered = fs if plain else futures_of(fs)
+    futures = set(ordered)
     if all(f.done() for f in futures):
         return DoneAndNotDone(futures, set())
     with blocking_wait():
-        return _wait(futures, timeout, return_when)
+        return _wait(futures, ordered, timeout, return_when)
 
 
-def _wait(futures: set[Future], timeout: float | None, return_when: str) -> DoneAndNotDone:
+def _wait(
+    futures: set[Future], ordered: list[Future], timeout: float | None, return_when: str
+) -> DoneAndNotDone:
     deadline = None if timeout is None else time.monotonic() + timeout
     if return_when == FIRST_COMPLETED and futures:
         signal = threading.Event()
@@ -456,11 +462,15 @@ def _wait(futures: set[Future], timeout: float | None, return_when: str) -> Done
         if not signal.wait(timeout):
             raise TimeoutError(f"none of {len(futures)} futures finished within {timeout}s")
     else:
-        for future in futures:
+        # The last submitted usually finishes last: waited for first, it is the one wait
+        # that blocks, where waiting in order would block (and make an Event) for each.
+        for future in reversed(ordered):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not future._state.wait(left):
                 pending = sum(not f.done() for f in futures)
                 raise TimeoutError(f"{pending} of {len(futures)} futures not done after {timeout}s")
+    if all(f.done() for f in futures):
+        return DoneAndNotDone(futures, set())
     done = {f for f in futures if f.done()}
     return DoneAndNotDone(done, futures - done)
 
