@@ -116,6 +116,7 @@ bench: $(BENCH_STAMP)  ## apportion vs dask.distributed vs Ray; results in bench
 	$(BENCH_RUN) benchmarks.run $(BENCH_ARGS)
 	$(BENCH_RUN) benchmarks.tenants
 	$(BENCH_RUN) benchmarks.spill
+	$(BENCH_RUN) benchmarks.map_million $(MAP_ARGS)
 
 bench-tenants: $(BENCH_STAMP)  ## two tenants' GPU backlogs by weight, a quota (docs/sharing.md)
 	$(BENCH_RUN) benchmarks.tenants $(TENANTS_ARGS)

@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import hashlib
 import inspect
+import itertools
 import logging
 import time
 import warnings
@@ -135,6 +137,23 @@ class _ClientType(type):
 # Tasks of one map() sent per message: a huge map reaches the scheduler in pieces it can
 # start on, instead of one message it reads and handles whole before placing any.
 MAP_SUBMIT_BATCH = 10_000
+
+
+def _demand(options: dict[str, Any]) -> bytes:
+    """The part of a pure key that the task's placement makes: the same call placed
+    differently is another task."""
+    demand = repr(
+        (
+            sorted(options["resources"].items()),
+            options["workers"],
+            options.get("allow_other_workers", False),
+        )
+        if "workers" in options
+        else sorted(options["resources"].items())
+    ).encode()
+    if "placement_group" in options:  # another group is another task
+        demand += repr((options["placement_group"], options.get("bundle_index"))).encode()
+    return demand
 
 
 class Client(metaclass=_ClientType):
@@ -287,27 +306,25 @@ class Client(metaclass=_ClientType):
             resources, retries, priority, workers, allow_other_workers, task_timeout
         )
         options.update(self._group_options(placement_group, bundle_index))
-        rows = list(zip(*iterables, strict=False))
-        keys: list[str | None]
-        if isinstance(key, list):
-            if len(key) != len(rows):
-                raise ValueError(f"map got {len(key)} keys for {len(rows)} inputs")
-            keys = list(key)
-        else:
-            keys = [None] * len(rows)
+        if not isinstance(key, list):
+            # Prepared and sent a piece at a time (the scheduler places the first tasks,
+            # and workers run them, while the rest is prepared), never all rows at once.
+            prefix = key if isinstance(key, str) else None
+            rows = zip(*iterables, strict=False)
+            futures: list[Future] = []
+            while piece := list(itertools.islice(rows, MAP_SUBMIT_BATCH)):
+                specs, made = self._prepare_rows(func, piece, kwargs, pure, options, prefix)
+                futures += made
+                del made
+                self._enqueue(specs)
+            return futures
+        every = list(zip(*iterables, strict=False))
+        if len(key) != len(every):
+            raise ValueError(f"map got {len(key)} keys for {len(every)} inputs")
         specs, futures = [], []
         limit = task_bytes_limit(self.session.peer_max_frame)
-        for row, explicit in zip(rows, keys, strict=True):
-            spec, future = self._prepare(
-                func,
-                row,
-                kwargs,
-                explicit,
-                pure,
-                options,
-                prefix=key if isinstance(key, str) else None,
-                limit=limit,
-            )
+        for row, explicit in zip(every, key, strict=True):
+            spec, future = self._prepare(func, row, kwargs, explicit, pure, options, limit=limit)
             futures.append(future)
             if spec is not None:
                 specs.append(spec)
@@ -318,6 +335,94 @@ class Client(metaclass=_ClientType):
                     specs = []
         self._enqueue(specs)
         return futures
+
+    def _prepare_rows(
+        self,
+        func: Callable[..., Any],
+        rows: list[tuple],
+        kwargs: dict,
+        pure: bool,
+        options: dict[str, Any],
+        prefix: str | None,
+    ) -> tuple[list[Message], list[Future]]:
+        """A piece of a map: the messages to send and a future per row, as ``_prepare``
+        makes them one at a time (the same keys), with what the rows share worked out
+        once and the futures made under one lock. The lineage a row's future keeps is its
+        pickled arguments beside the message the piece shares (``submitted_with``). A row
+        with a large argument (to store on a worker) goes through ``_prepare``."""
+        self.session.check_open()
+        if not callable(func):
+            raise TypeError(f"first argument must be callable, got {type(func).__name__}")
+        func_bytes = self._functions.dumps(func)
+        limit = task_bytes_limit(self.session.peer_max_frame)
+        name = prefix or getattr(func, "__name__", type(func).__name__)
+        # tokenize(func_bytes, args, demand), with the function's bytes hashed once.
+        hashed = hashlib.blake2b(func_bytes, digest_size=16) if pure else None
+        demand = _demand(options) if pure else b""
+        table = self.future_table
+        kwargs = dict(kwargs)
+        prepared: list[tuple[str, Any, list[str]] | Future] = []
+        specs: list[Message] = []
+        for row in rows:
+            args_bytes, deps = dumps_args(row, kwargs, Future)
+            if not isinstance(args_bytes, bytes) or len(args_bytes) >= OUT_OF_BAND_MIN_BYTES:
+                spec, future = self._prepare(func, row, kwargs, None, pure, options, prefix, limit)
+                if spec is not None:
+                    specs.append(spec)
+                prepared.append(future)
+                continue
+            if hashed is not None:
+                digest = hashed.copy()
+                digest.update(args_bytes)
+                digest.update(demand)
+                key = f"{name}-{digest.hexdigest()}"
+            else:
+                key = f"{name}-{table.unique_token()}"
+            if key in deps:
+                raise ValueError(
+                    f"task {key!r} would depend on itself: one of its arguments is the future "
+                    f"of key {key!r}; give the new task another key"
+                )
+            if len(func_bytes) + len(args_bytes) > limit:
+                raise FrameTooLargeError(
+                    too_large(
+                        f"task {key!r}",
+                        len(func_bytes) + len(args_bytes),
+                        self.session.peer_max_frame,
+                    )
+                )
+            prepared.append((key, args_bytes, deps))
+        # What every task of the piece is sent with besides its key and arguments.
+        shared = {"func": func_bytes, **options}
+        if not options["resources"]:
+            del shared["resources"]
+        parent = current_task_key()
+        if parent is not None:  # (_enqueue sets it on what is sent; this is the lineage)
+            shared["parent"] = parent
+        futures: list[Future] = []
+        with self._lock:
+            states = self._states
+            for entry in prepared:
+                if isinstance(entry, Future):
+                    futures.append(entry)
+                    continue
+                key, args_bytes, deps = entry
+                known = states.get(key)
+                if known is None or known.status == "cancelled":
+                    state = states[key] = FutureState(key)
+                    spec = {"key": key, **shared, "args": args_bytes}
+                    if deps:
+                        spec["deps"] = tuple(deps)
+                        state.spec = spec  # (rare in a map: kept whole)
+                        state.deps = list(filter(None, map(states.get, deps)))
+                    else:
+                        state.submitted_with(shared, args_bytes)
+                    specs.append(spec)
+                else:
+                    state = known
+                state.refs += 1
+                futures.append(Future.counted(key, self, state))
+        return specs, futures
 
     def _options(
         self,
@@ -395,22 +500,7 @@ class Client(metaclass=_ClientType):
         if key is None:
             name = prefix or getattr(func, "__name__", type(func).__name__)
             if pure:
-                # The demand is part of a pure key: the same call placed differently is
-                # another task.
-                demand = repr(
-                    (
-                        sorted(options["resources"].items()),
-                        options["workers"],
-                        options.get("allow_other_workers", False),
-                    )
-                    if "workers" in options
-                    else sorted(options["resources"].items())
-                ).encode()
-                if "placement_group" in options:  # another group is another task
-                    demand += repr(
-                        (options["placement_group"], options.get("bundle_index"))
-                    ).encode()
-                token = tokenize(func_bytes, args_bytes, demand)
+                token = tokenize(func_bytes, args_bytes, _demand(options))
             else:
                 table = self.future_table  # (impure keys: a counter, no uuid4 per task)
                 token = f"{table.key_prefix}{next(table.key_counter):012x}"
@@ -945,7 +1035,7 @@ class Client(metaclass=_ClientType):
             state.restart()
         keys = [state.key for state in again]
         with self._lock:
-            lineage_only = [key for key in keys if key not in self.future_table.refs]
+            lineage_only = [key for key in keys if key not in self._states]
         self.session.post({"op": "release", "keys": keys})
         self.session.post({"op": "submit", "tasks": [state.spec for state in again]})
         if lineage_only:

@@ -27,11 +27,15 @@ from apportion.session import Session, split_submission, task_bytes_limit
 
 logger = logging.getLogger("apportion.client")
 
+# Holders whose who_has lists are shared at most (workers come and go: forgotten past it).
+MAX_SHARED_HOLDERS = 1024
+
 
 class FutureTable:
     """The states of one client's keys; see the module's docstring.
 
-    ``states`` and ``refs`` are guarded by ``lock`` (the session's)."""
+    ``states`` and each state's ``refs`` (how many Futures hold it) are guarded by
+    ``lock`` (the session's). A key is in ``states`` while a Future holds its state."""
 
     def __init__(self, session: Session, client: Any) -> None:
         self.session = session
@@ -39,10 +43,11 @@ class FutureTable:
         self.client = client
         self.lock = session.lock
         self.states: dict[str, FutureState] = {}
-        self.refs: dict[str, int] = {}
         # Impure keys: a random prefix per client and a counter (no uuid4 per task).
         self.key_prefix = uuid.uuid4().hex[:20]
         self.key_counter = itertools.count()
+        # Each sole holder's who_has list, shared by its results (see _holders).
+        self._sole_holders: dict[str, list[str]] = {}
         # Called with a key's state when the key is released while connected (set by
         # whoever must hear of it: the client's stored arguments).
         self.on_forget: Callable[[str, FutureState | None], None] | None = None
@@ -75,19 +80,21 @@ class FutureTable:
             state = self.states.get(key)
         return state if state is not None and state.status != "cancelled" else None
 
-    def retain(self, key: str) -> None:
+    def retain(self, state: FutureState) -> None:
         with self.lock:
-            self.refs[key] = self.refs.get(key, 0) + 1
+            state.refs += 1
 
-    def release(self, key: str) -> None:
-        """One Future of ``key`` is gone; the last one releases the key on the scheduler."""
+    def release(self, state: FutureState) -> None:
+        """One Future of ``state`` is gone; the last one releases its key on the scheduler
+        (unless the key has a state of its own since: the cancelled one was replaced)."""
         with self.lock:
-            refs = self.refs.get(key, 0) - 1
-            if refs > 0:
-                self.refs[key] = refs
+            state.refs -= 1
+            if state.refs > 0:
                 return
-            self.refs.pop(key, None)
-            state = self.states.pop(key, None)
+            key = state.key
+            if self.states.get(key) is not state:
+                return
+            del self.states[key]
             session = self.session
             if session.closed or session.lost:
                 return
@@ -100,7 +107,7 @@ class FutureTable:
         returns the keys held by futures now."""
         with self.lock:
             lineage.attach(self.states, specs)
-            return set(self.refs)
+            return set(self.states)
 
     def re_registration(self) -> list[Message]:
         """What a new scheduler hears first: the tasks this client still wants, with the
@@ -119,9 +126,24 @@ class FutureTable:
     # On the session's loop thread, for every task: kept to a lookup and a call.
     def _finished(self, message: Message) -> None:
         state = self.states.get(message.get("key", ""))
+        who_has = self._holders(message["who_has"])
         if state is not None:
-            state.finish(message["who_has"], message.get("nbytes", 0), message.get("data"))
-        self.session.note_holder(message["who_has"])
+            state.finish(who_has, message.get("data"))
+        self.session.note_holder(who_has)
+
+    def _holders(self, who_has: list[str]) -> list[str]:
+        """``who_has`` as one list shared by every result of the same sole holder: each
+        message decodes a list and an address of its own, which a finished state would
+        otherwise keep (about 130 bytes a future). States replace the list, never change it."""
+        if len(who_has) != 1:
+            return who_has
+        shared = self._sole_holders.get(who_has[0])
+        if shared is not None:
+            return shared
+        if len(self._sole_holders) >= MAX_SHARED_HOLDERS:
+            self._sole_holders.clear()
+        self._sole_holders[who_has[0]] = who_has
+        return who_has
 
     def _erred(self, message: Message) -> None:
         state = self.states.get(message.get("key", ""))
@@ -154,7 +176,7 @@ class FutureTable:
             return
         state = self.states.get(message.get("key", ""))
         if state is not None and not state.is_done():
-            state.finish(message["who_has"], message.get("nbytes", 0), message.get("data"))
+            state.finish(self._holders(message["who_has"]), message.get("data"))
 
     def _undeliverable(self, message: Message, why: str) -> None:
         """A submission too large for the scheduler's frames: its tasks fail with why."""
@@ -177,9 +199,11 @@ class FutureTable:
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
         flat = collect_futures(futures)
-        for future in flat:
+        for future in reversed(flat):  # the last first: see futures._wait
             future._wait(None)
-        self.fetch_missing([f for f in flat if f.status == "finished"])
+        missing = [f for f in flat if f.status == "finished" and not f._state.has_value()]
+        if missing:
+            self.fetch_missing(missing)
         skipped = object()
 
         def resolve(future: Future) -> Any:
@@ -196,7 +220,7 @@ class FutureTable:
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
         flat = collect_futures(futures)
-        for future in flat:
+        for future in reversed(flat):  # the last first: see futures._wait
             await wait_state(future._state)
         missing = [f for f in flat if f.status == "finished" and not f._state.has_value()]
         if missing:

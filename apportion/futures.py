@@ -53,6 +53,8 @@ class FutureState:
         "_done",
         "_event",
         "_reason",
+        "_shared",
+        "_spec",
         "_value",
         "arguments",
         "callbacks",
@@ -60,9 +62,7 @@ class FutureState:
         "deps",
         "error",
         "key",
-        "lock",
-        "nbytes",
-        "spec",
+        "refs",
         "status",
         "who_has",
     )
@@ -74,7 +74,6 @@ class FutureState:
         # futures are never waited on while pending (chains, map then gather).
         self._done = False
         self._event: threading.Event | None = None
-        self.lock = _LOCKS[hash(key) & 63]
         self.data: bytes | None = None
         self._value: Any = _MISSING
         self.error: tuple[bytes, str] | None = None
@@ -82,21 +81,50 @@ class FutureState:
         # fresh copy (see exception()).
         self._reason: BaseException | None = None
         self.who_has: list[str] = _NO_HOLDERS
-        self.nbytes = 0
+        # How many Futures hold this state (counted by the client's future table).
+        self.refs = 0
         self.callbacks: list[Callable[[], None]] = _NO_CALLBACKS
         # Lineage, for a new scheduler after a restart (see apportion/lineage.py): the
-        # message the task was submitted with, and the states of its dependencies.
-        self.spec: dict[str, Any] | None = None
+        # message the task was submitted with (``spec``), and the states of its
+        # dependencies. The tasks of one map() keep only their pickled arguments here,
+        # and share the rest of their message (see ``submitted_with``).
+        self._spec: dict[str, Any] | bytes | None = None
+        self._shared: dict[str, Any] | None = None
         self.deps: list[FutureState] = _NO_DEPS
+
+    @property
+    def lock(self) -> threading.Lock:
+        """The lock guarding this state's few assignments (one of a fixed set, by key)."""
+        return _LOCKS[hash(self.key) & 63]
+
+    @property
+    def spec(self) -> dict[str, Any] | None:
+        """The message this task was submitted with (its lineage), or None."""
+        spec = self._spec
+        shared = self._shared
+        if shared is None or spec is None:
+            return spec  # type: ignore[return-value]  # a dict, or None
+        return {"key": self.key, **shared, "args": spec}
+
+    @spec.setter
+    def spec(self, spec: dict[str, Any] | None) -> None:
+        self._spec = spec
+        self._shared = None
+
+    def submitted_with(self, shared: dict[str, Any], args: bytes) -> None:
+        """Keep as lineage a task whose message is ``shared`` (every field but its key
+        and arguments, the same object for every task of a map) with ``args``: a map's
+        futures need not each keep a message of their own."""
+        self._spec = args
+        self._shared = shared
 
     # Set only for a task with large arguments stored on a worker (apportion/stored_args.py):
     # their futures, held as long as this state, so that released means freed.
     arguments: tuple[Any, ...]
 
     # Called on the client's event-loop thread.
-    def finish(self, who_has: list[str], nbytes: int, data: bytes | None) -> None:
+    def finish(self, who_has: list[str], data: bytes | None) -> None:
         self.who_has = who_has
-        self.nbytes = nbytes
         if data is not None:
             self.data = data
         self._set("finished")
@@ -206,7 +234,17 @@ class Future:
         self.key = key
         self.client = client
         self._state = state
-        client.future_table.retain(key)
+        client.future_table.retain(state)
+
+    @classmethod
+    def counted(cls, key: str, client: Any, state: FutureState) -> Future:
+        """A future the caller has counted in ``state.refs`` already (many at once, under
+        the future table's lock)."""
+        future = cls.__new__(cls)
+        future.key = key
+        future.client = client
+        future._state = state
+        return future
 
     @property
     def status(self) -> str:
@@ -269,7 +307,7 @@ class Future:
 
     def __del__(self) -> None:
         try:
-            self.client.future_table.release(self.key)
+            self.client.future_table.release(self._state)
         except Exception:
             pass  # interpreter shutting down
 
@@ -353,7 +391,10 @@ def states_of(futures: Iterable[Future]) -> list[FutureState]:
 
 
 def collect_futures(obj: Any) -> list[Future]:
-    """The futures in ``obj`` (a future, or lists, tuples, sets and dicts of them, nested)."""
+    """The futures in ``obj`` (a future, or lists, tuples, sets and dicts of them, nested).
+    A list of futures only (a map's) is returned as it is, not copied: callers read it."""
+    if type(obj) is list and all(type(item) is Future for item in obj):
+        return obj
     out: list[Future] = []
     stack = [obj]
     while stack:
@@ -373,6 +414,8 @@ def rebuild(obj: Any, resolve: Callable[[Future], Any], skipped: object) -> Any:
         return resolve(obj)
     if isinstance(obj, (list, tuple, set, frozenset)):
         items = [rebuild(item, resolve, skipped) for item in obj]
+        if type(obj) is list and not any(item is skipped for item in items):
+            return items  # the usual case: not copied again
         return type(obj)(item for item in items if item is not skipped)
     if isinstance(obj, dict):
         pairs = {k: rebuild(v, resolve, skipped) for k, v in obj.items()}
@@ -397,14 +440,20 @@ def wait(fs: Any, timeout: float | None = None, return_when: str = ALL_COMPLETED
         raise ValueError(
             f"return_when must be {ALL_COMPLETED!r} or {FIRST_COMPLETED!r}, got {return_when!r}"
         )
-    futures = set(futures_of(fs))
+    # A list of futures only (a map's) needs no search for futures inside it: a set of
+    # a million is made once, not after a dict of them as well.
+    plain = type(fs) is list and all(type(f) is Future for f in fs)
+    ordered = fs if plain else futures_of(fs)
+    futures = set(ordered)
     if all(f.done() for f in futures):
         return DoneAndNotDone(futures, set())
     with blocking_wait():
-        return _wait(futures, timeout, return_when)
+        return _wait(futures, ordered, timeout, return_when)
 
 
-def _wait(futures: set[Future], timeout: float | None, return_when: str) -> DoneAndNotDone:
+def _wait(
+    futures: set[Future], ordered: list[Future], timeout: float | None, return_when: str
+) -> DoneAndNotDone:
     deadline = None if timeout is None else time.monotonic() + timeout
     if return_when == FIRST_COMPLETED and futures:
         signal = threading.Event()
@@ -413,11 +462,15 @@ def _wait(futures: set[Future], timeout: float | None, return_when: str) -> Done
         if not signal.wait(timeout):
             raise TimeoutError(f"none of {len(futures)} futures finished within {timeout}s")
     else:
-        for future in futures:
+        # The last submitted usually finishes last: waited for first, it is the one wait
+        # that blocks, where waiting in order would block (and make an Event) for each.
+        for future in reversed(ordered):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not future._state.wait(left):
                 pending = sum(not f.done() for f in futures)
                 raise TimeoutError(f"{pending} of {len(futures)} futures not done after {timeout}s")
+    if all(f.done() for f in futures):
+        return DoneAndNotDone(futures, set())
     done = {f for f in futures if f.done()}
     return DoneAndNotDone(done, futures - done)
 

@@ -3,8 +3,9 @@ they were computed from, each as it was first submitted (no results).
 
 Each future's state keeps the ``submit`` spec it was sent with and the states of its
 dependencies (``FutureState.spec`` / ``.deps``): references to what the client built when
-submitting, not copies. A dependency whose own future was dropped stays reachable from
-its dependents, so a result lost with its worker can still be recomputed after a restart.
+submitting, not copies (the tasks of a map keep their arguments, and share the rest). A
+dependency whose own future was dropped stays reachable from its dependents, so a result
+lost with its worker can still be recomputed after a restart.
 """
 
 from __future__ import annotations

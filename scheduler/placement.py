@@ -517,6 +517,12 @@ class ReadyQueues:
             self._drop_empty()
         return best
 
+    def backlog(self, shape: Shape) -> bool:
+        """Whether tasks of ``shape`` wait in its most urgent lane (a stale entry, one that
+        left the queue another way, may count until it is reached)."""
+        queue = self.by_shape.get(shape)
+        return queue is not None and bool(queue.top)
+
     def counts(self) -> dict[Shape, int]:
         """Live queued tasks per shape (lanes also hold stale entries until they are reached)."""
         found = {shape: len(queue.live()) for shape, queue in self.by_shape.items()}

@@ -1099,9 +1099,12 @@ class SchedulerState:
             "run_id": run_id,
             "func": ts.func,
             "args": ts.args,
-            # Clients the worker may tell of the result itself, a hop sooner.
-            "notify": self._names(ts.who_wants),
         }
+        if not self.ready.backlog(shape):
+            # Clients the worker may tell of the result itself, a hop sooner. Not while
+            # more tasks like it wait: a backlog's results reach a client in the
+            # scheduler's batches (a frame per tick), not in a frame each.
+            message["notify"] = self._names(ts.who_wants)
         # Left out when empty or zero (the worker's defaults): most tasks have none of them.
         if ts.dependencies:
             message["deps"] = {d.key: self._names(d.who_has) for d in ts.dependencies}

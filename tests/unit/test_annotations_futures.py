@@ -68,7 +68,7 @@ def test_finish_sets_status_wakes_waiters_and_runs_callbacks_once() -> None:
     state.add_callback(lambda: calls.append("early"))
     assert state.status == "pending"
     assert not state.event.is_set()
-    state.finish(["w"], 8, dumps_value({"x": 1}))
+    state.finish(["w"], dumps_value({"x": 1}))
     assert state.status == "finished"
     assert state.event.is_set()
     assert state.who_has == ["w"]
@@ -82,7 +82,7 @@ def test_finish_sets_status_wakes_waiters_and_runs_callbacks_once() -> None:
 
 def test_value_without_data_is_a_lookup_error_naming_the_key() -> None:
     state = FutureState("k")
-    state.finish(["w"], 8, None)
+    state.finish(["w"], None)
     with pytest.raises(LookupError, match="k"):
         state.value()
     state.store(dumps_value(5))
@@ -113,12 +113,12 @@ def test_cancel_records_a_cancelled_error_naming_the_key() -> None:
 
 def test_lost_result_goes_back_to_pending_unless_the_value_is_already_here() -> None:
     state = FutureState("k")
-    state.finish(["w"], 8, None)
+    state.finish(["w"], None)
     state.lose()
     assert state.status == "pending"
     assert not state.event.is_set()
     kept = FutureState("j")
-    kept.finish(["w"], 8, dumps_value(1))
+    kept.finish(["w"], dumps_value(1))
     kept.lose()
     assert kept.status == "finished"
     assert kept.value() == 1

@@ -35,3 +35,18 @@ def test_the_scheduler_tells_only_the_clients_the_worker_did_not() -> None:
     assert finished.get("c1", []) == []
     assert [m["key"] for m in finished["c2"]] == ["t"]
     assert sim.state.tasks["t"].state == "memory"
+
+
+def test_a_backlogs_results_are_left_to_the_scheduler_while_more_tasks_wait() -> None:
+    # A worker telling the client itself costs a frame per result on both ends; the
+    # scheduler batches the results of a busy cluster for a client once per tick.
+    sim = Sim()
+    sim.add_client("c")
+    sim.add_worker("w", {})  # one thread, one prefetch slot: two runs at a time
+    sim.submit_many([{"key": f"t{i}", "func": b"f", "args": b"a"} for i in range(4)])
+    assert [message["key"] for _, message in sim.computes] == ["t0", "t1"]
+    sim.finish("t0")
+    sim.finish("t1")
+    third, fourth = (message for _, message in sim.computes[2:])
+    assert "notify" not in third  # t3 still waited when t2 was placed
+    assert fourth["notify"] == ["c"]  # the last: nothing waits behind it

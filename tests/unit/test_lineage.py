@@ -51,3 +51,19 @@ def test_a_long_chain_is_walked_without_recursion() -> None:
     specs, lineage_only = re_registration([chain[-1]])
     assert keys(specs) == [f"t{i}" for i in range(20_000)]
     assert len(lineage_only) == 19_999
+
+
+def test_a_maps_states_share_their_message_and_give_it_whole() -> None:
+    shared = {"func": b"f", "resources": {"GPU": 1}}
+    first, second = FutureState("inc-1"), FutureState("inc-2")
+    first.submitted_with(shared, b"one")
+    second.submitted_with(shared, b"two")
+    specs, lineage_only = re_registration([first, second])
+    assert specs == [
+        {"key": "inc-1", "func": b"f", "resources": {"GPU": 1}, "args": b"one"},
+        {"key": "inc-2", "func": b"f", "resources": {"GPU": 1}, "args": b"two"},
+    ]
+    assert lineage_only == []
+    first.spec = {"key": "inc-1", "func": b"g", "args": b"again"}  # replaced (restored)
+    assert first.spec == {"key": "inc-1", "func": b"g", "args": b"again"}
+    assert second.spec is not None and second.spec["args"] == b"two"
