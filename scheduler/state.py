@@ -1103,9 +1103,12 @@ class SchedulerState:
             "run_id": run_id,
             "func": ts.func,
             "args": ts.args,
-            # Clients the worker may tell of the result itself, a hop sooner.
-            "notify": self._names(ts.who_wants),
         }
+        if ts.who_wants and not ts.dependents:
+            # Clients the worker may tell of the result itself, a hop sooner. Not for a
+            # result other tasks take: a client rarely waits on it, and the scheduler tells
+            # of many such results in one frame where the worker would send one each.
+            message["notify"] = self._names(ts.who_wants)
         # Left out when empty or zero (the worker's defaults): most tasks have none of them.
         if ts.dependencies:
             message["deps"] = {d.key: self._names(d.who_has) for d in ts.dependencies}
