@@ -1385,7 +1385,7 @@ class SchedulerState:
                 ts.state = new
                 self._pass_on(ts)
                 return
-        elif old == "memory":
+        elif old == "memory" and self.small_results.kept:
             self.small_results.drop(ts)  # its bytes are no longer its result
         ts.state = new
 
