@@ -65,7 +65,7 @@ COMPILED_TESTS  := compiled/test_compiled_build.py unit/test_resources.py \
 	unit/test_perf_placement.py unit/test_retire.py unit/test_validation.py \
 	unit/test_scheduler_reservations.py unit/test_scheduler_no_starvation.py \
 	unit/test_scheduler_recovery.py unit/test_worker_restrictions.py unit/test_secession.py \
-	unit/test_set_resources.py \
+	unit/test_set_resources.py unit/test_small_results.py \
 	integration/test_resources.py integration/test_worker_loss.py \
 	integration/test_large_data.py integration/test_scheduler_restart.py \
 	integration/test_worker_placement.py integration/test_tasks_submit_tasks.py

@@ -15,6 +15,7 @@ COMPILED_MODULES = [
     "apportion.scheduler.placement",
     "apportion.scheduler.recovery",
     "apportion.scheduler.retirement",
+    "apportion.scheduler.small_results",
     "apportion.scheduler.state",
 ]
 

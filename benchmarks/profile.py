@@ -1,4 +1,5 @@
-"""Profile apportion on the tiny and latency workloads: where does each process spend time?
+"""Profile apportion on the tiny, seed pipeline and latency workloads: where does each
+process spend time?
 
     python -m benchmarks.profile [--out benchmarks/results] [--rate 250]
 
@@ -6,6 +7,11 @@ py-spy records the client (all threads), the scheduler and every worker process 
 the workload runs; pyinstrument profiles the client's main thread. Prints, per process,
 the busy share of wall time and the top functions by self and by inclusive time, and
 writes them to ``profile-<workload>.txt`` (plus pyinstrument's text output).
+
+Before the sampled run, each workload also runs once unwatched, and what it cost each
+process is counted per task from /proc: CPU time, voluntary context switches (each a wait
+for a message, a lock or the GIL), and read and write system calls (each frame sent is one
+write). These figures hardly move with the machine's load, where wall-clock times do.
 """
 
 from __future__ import annotations
@@ -30,10 +36,16 @@ from benchmarks.pathing import child_pythonpath
 os.environ["PYTHONPATH"] = child_pythonpath(os.environ.get("PYTHONPATH"))
 
 from benchmarks.systems import apportion_
-from benchmarks.workloads import Session, Sizes, latency, tiny, warm_up
+from benchmarks.workloads import Session, Sizes, latency, seed, tiny, warm_up
 
 TOP = 12
-PROFILE_SIZES = Sizes(tiny=20_000, latency=2_000)  # long enough for sampling
+PROFILE_SIZES = Sizes(tiny=20_000, latency=2_000, seed_loads=5_000)  # long enough for sampling
+# Tasks each workload runs at PROFILE_SIZES: what the costs per task are divided by.
+TASKS: dict[str, int] = {
+    "tiny": PROFILE_SIZES.tiny,
+    "seed": 2 * PROFILE_SIZES.seed_loads + 1,
+    "latency": PROFILE_SIZES.latency,
+}
 ROOT = str(Path(__file__).resolve().parent.parent)
 # Leaf frames that are waiting, not working (py-spy's idle detection misses some of them).
 WAITING = (
@@ -117,15 +129,64 @@ def summarise(path: Path, seconds: float, rate: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def counters(pid: int) -> dict[str, float]:
+    """What a process has used so far (all its threads): CPU seconds, voluntary context
+    switches, read and write system calls."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    used = {"cpu": (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), "switches": 0}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                used["switches"] += int(line.split()[1])
+    with open(f"/proc/{pid}/io") as io:
+        calls = dict(line.split(": ") for line in io.read().splitlines())
+    used["reads"], used["writes"] = int(calls["syscr"]), int(calls["syscw"])
+    return used
+
+
+def costs(pids: dict[str, int], run: Callable[[], object], tasks: int) -> str:
+    """Run once, unwatched: each process's CPU, context switches and system calls per task."""
+    before = {who: counters(pid) for who, pid in pids.items()}
+    start = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - start
+    lines = [
+        f"  costs per task, unwatched run of {tasks:,} tasks in {seconds:.2f}s "
+        f"(load {os.getloadavg()[0]:.1f}):",
+        f"    {'process':<20} {'CPU µs':>8} {'switches':>9} {'reads':>7} {'writes':>7}",
+    ]
+    total = dict.fromkeys(("cpu", "switches", "reads", "writes"), 0.0)
+    for who, pid in pids.items():
+        after = counters(pid)
+        used = {k: (after[k] - before[who][k]) / tasks for k in total}
+        for k in total:
+            total[k] += used[k]
+        lines.append(
+            f"    {who:<20} {1e6 * used['cpu']:8.1f} {used['switches']:9.2f} "
+            f"{used['reads']:7.2f} {used['writes']:7.2f}"
+        )
+    lines.append(
+        f"    {'all':<20} {1e6 * total['cpu']:8.1f} {total['switches']:9.2f} "
+        f"{total['reads']:7.2f} {total['writes']:7.2f}"
+    )
+    return "\n".join(lines) + "\n"
+
+
 def profile(name: str, run: Callable[[Session, Sizes], object], out: Path, rate: int) -> str:
     from pyinstrument import Profiler
 
     tmp = Path(tempfile.mkdtemp(prefix="apportion-profile-"))
-    with apportion_.session(seed=False) as session:
+    with apportion_.session(seed=name == "seed") as session:
         warm_up(session)
         cluster = session.client.cluster
         pids = {"client": os.getpid(), "scheduler": cluster._scheduler_process.pid}
         pids |= {f"worker {w}": pid for w, pid in cluster.worker_pids.items()}
+        cost = costs(pids, lambda: run(session, PROFILE_SIZES), TASKS[name])
         spies = {who: _record(pid, tmp / f"{who}.txt", rate) for who, pid in pids.items()}
         time.sleep(1.0)  # let py-spy attach
         profiler = Profiler(interval=0.0005)
@@ -142,7 +203,7 @@ def profile(name: str, run: Callable[[Session, Sizes], object], out: Path, rate:
             except subprocess.TimeoutExpired:
                 spy.kill()
                 spy.wait()
-    report = [f"== {name}: {seconds:.2f}s, py-spy at {rate} Hz, idle samples excluded"]
+    report = [f"== {name}: {seconds:.2f}s, py-spy at {rate} Hz, idle samples excluded", cost]
     for who in pids:
         report.append(f"-- {who}")
         path = tmp / f"{who}.txt"
@@ -180,7 +241,7 @@ def main() -> None:
     opts = parser.parse_args()
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, run in (("tiny", tiny), ("latency", latency)):
+    for name, run in (("tiny", tiny), ("seed", seed), ("latency", latency)):
         print(profile(name, run, out, opts.rate))
     print(profile_scheduler(out))
 

@@ -31,12 +31,14 @@ class RetirementHost(Protocol):
     idle: dict[WorkerState, None]
     with_slots: dict[WorkerState, None]
     clock: Callable[[], float]
-    retire_timeout: float
     retirements: list[Retirement]
     # Workers a retirement waits for -> their results being copied off right now.
     awaiting: dict[WorkerState, set[TaskState]]
     # Results being copied off retiring workers -> the worker receiving the copy.
     copying: dict[TaskState, WorkerState]
+
+    @property
+    def retire_timeout(self) -> float: ...
 
     def send(self, dest: str, message: Message) -> None: ...
 

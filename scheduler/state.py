@@ -70,6 +70,7 @@ from apportion.scheduler.retirement import (
     retirement_problems,
     start_retiring,
 )
+from apportion.scheduler.small_results import SmallResults
 from apportion.scheduler.tenants import DEFAULT_TENANT, TenantShares, tenant_of
 
 from apportion import config
@@ -162,7 +163,6 @@ class SchedulerState:
         # adjustments.py), so that the hot path pays one check for them.
         self.adjusted: Adjustments | None = None
         # Retiring workers (see retirement.py).
-        self.retire_timeout = float(config.get("scheduler.retire-timeout"))
         self.retirements: list[Retirement] = []
         # Workers a retirement waits for -> their results being copied off right now.
         self.awaiting: dict[WorkerState, set[TaskState]] = {}
@@ -173,10 +173,17 @@ class SchedulerState:
         self.recovery = Recovery(clock() + wait, wait <= 0)
         # What happened, for the dashboard and /metrics: set only where someone can look.
         self.events: EventLog | None = None
+        # Small results, sent inline with the tasks that take them (see small_results.py).
+        self.small_results = SmallResults()
         # Keep this object at 29 attributes or fewer: from the 30th on, CPython 3.11 keeps
         # them in a plain dict, and every attribute read in placement gets slower (5% more
         # instructions placing the scheduler_only workload). Settings read off the hot
         # path go in ``settings``.
+
+    @property
+    def retire_timeout(self) -> float:
+        """Seconds a retirement waits for copies at most (``scheduler.retire-timeout``)."""
+        return self.settings.retire_timeout
 
     # ------------------------------------------------------------- set helpers
     def _with(self, members: frozenset[Any], item: Hashable) -> frozenset[Any]:
@@ -658,7 +665,10 @@ class SchedulerState:
             self.events.task_ended(ts.key, ws.name, "memory", msg)
         if "output" in msg:
             self._forward_output(ts, ws, msg["output"])
-        finished = self._finished_message(ts, msg.get("data"))
+        data = msg.get("data")
+        if data is not None:
+            self.small_results.keep(ts, data)
+        finished = self._finished_message(ts, data)
         told = msg.get("notified") or ()  # clients the worker told directly
         for wanter in ts.who_wants:
             if wanter not in told:
@@ -1100,14 +1110,18 @@ class SchedulerState:
             "func": ts.func,
             "args": ts.args,
         }
-        if not self.ready.backlog(shape):
-            # Clients the worker may tell of the result itself, a hop sooner. Not while
-            # more tasks like it wait: a backlog's results reach a client in the
-            # scheduler's batches (a frame per tick), not in a frame each.
+        if ts.who_wants and not ts.dependents and not self.ready.backlog(shape):
+            # Clients the worker may tell of the result itself, a hop sooner. Not for a
+            # result other tasks take (a client rarely waits on it), nor while more tasks
+            # like it wait: the scheduler tells of many such results in one frame (a frame
+            # per tick), where the worker would send one each.
             message["notify"] = self._names(ts.who_wants)
         # Left out when empty or zero (the worker's defaults): most tasks have none of them.
         if ts.dependencies:
             message["deps"] = {d.key: self._names(d.who_has) for d in ts.dependencies}
+            inline = self.small_results.for_task(ts.dependencies)
+            if inline:
+                message["inline"] = inline
         if shape:
             message["resources"] = dict(shape)
         if ts.priority:
@@ -1378,6 +1392,8 @@ class SchedulerState:
                 ts.state = new
                 self._pass_on(ts)
                 return
+        elif old == "memory" and self.small_results.kept:
+            self.small_results.drop(ts)  # its bytes are no longer its result
         ts.state = new
 
     def _release_if_unneeded(self, ts: TaskState) -> None:
@@ -1612,6 +1628,7 @@ class SchedulerState:
             problems.extend(self.groups.problems())
         if self.settings.tenants is not None:
             problems.extend(self.settings.tenants.problems(self.workers.values()))
+        problems.extend(self.small_results.problems())
         return problems + retirement_problems(self)
 
 
@@ -1625,6 +1642,7 @@ class Settings:
         "locality_bytes",
         "no_worker_timeout",
         "prefetch",
+        "retire_timeout",
         "tenants",
     )
 
@@ -1643,6 +1661,7 @@ class Settings:
         if self.bandwidth <= 0:
             raise ValueError(f"scheduler.bandwidth must be more than 0, got {self.bandwidth}")
         self.allowed_failures = int(config.get("scheduler.allowed-failures"))
+        self.retire_timeout = float(config.get("scheduler.retire-timeout"))
         timeout = config.get("scheduler.no-worker-timeout")
         self.no_worker_timeout: float | None = None if timeout is None else float(timeout)
 

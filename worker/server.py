@@ -451,8 +451,10 @@ class Worker:
         for message in messages:
             op = message["op"]
             if op == "compute":
+                inline = message.get("inline")
+                inputs = _load_inline(inline) if inline else None
                 with self._lock:
-                    instructions = self.state.compute(message)
+                    instructions = self.state.compute(message, inputs)
             elif op == "cancel":
                 with self._lock:
                     instructions = self.state.cancel(message["run_id"])
@@ -928,3 +930,17 @@ def _route_ip(scheduler_address: str) -> str:
         return socket.gethostbyname(socket.gethostname())
     finally:
         probe.close()
+
+
+def _load_inline(inline: dict[str, bytes]) -> dict[str, tuple[Any, int]]:
+    """The inputs that came with a task, loaded, each with its pickled size. One that does
+    not load here is left out: it is fetched from its holder then, and fails the task
+    with the error a fetched copy gives."""
+    loaded = {}
+    with _unpickling:
+        for key, payload in inline.items():
+            try:
+                loaded[key] = (loads_value(payload), len(payload))
+            except Exception:
+                logger.debug("the inline input %s does not load here", key, exc_info=True)
+    return loaded

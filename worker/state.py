@@ -290,7 +290,12 @@ class WorkerState:
         self._story: deque[StoryEntry] = deque(maxlen=story_length)
 
     # ------------------------------------------------------------ scheduler events
-    def compute(self, message: Message) -> list[Instruction]:
+    def compute(
+        self, message: Message, inline: dict[str, tuple[Any, int]] | None = None
+    ) -> list[Instruction]:
+        """A task to run. ``inline``: inputs that came with it (the scheduler keeps small
+        results; see scheduler/small_results.py), loaded, each with its pickled size: held
+        here only while tasks here need them, as the scheduler does not count these copies."""
         task = WorkerTask(message, self.epoch)
         if not self.ledger.can_ever_fit(task.shape):
             problem = ValueError(
@@ -309,6 +314,10 @@ class WorkerState:
         for key, holders in task.deps.items():
             needed[key] = needed.get(key, 0) + 1
             if key in data:
+                continue
+            if inline is not None and key in inline and key not in self.fetching:
+                data[key], self.nbytes[key] = inline[key]
+                self.doomed.add(key)  # gone when no task here needs it (see _unneed)
                 continue
             task.missing.add(key)
             pending = self.fetching.get(key)
@@ -346,6 +355,7 @@ class WorkerState:
     def acquire(self, key: str, holders: list[str]) -> list[Instruction]:
         """Keep a copy of a result held elsewhere (its holder is being retired)."""
         if key in self.data:
+            self.doomed.discard(key)  # (a copy that came with a task: kept from now on)
             return [Send({"op": "data-acquired", "key": key})]
         pending = self.fetching.get(key)
         if pending is not None:
@@ -524,8 +534,7 @@ class WorkerState:
             if task.cancelled:
                 return []
             if ok:
-                self.data[task.key] = value
-                self.nbytes[task.key] = len(payload)
+                self._hold(task.key, value, len(payload))
                 self.unreported_attempts[task.key] = task.attempt
             elif not isinstance(value, Reschedule):
                 self.errors[task.key] = (payload, traceback)
@@ -537,8 +546,7 @@ class WorkerState:
                 return [Send({"op": "task-released", "key": task.key, "run_id": task.run_id})]
             return [Send(erred_message(task, payload, traceback))]
         # Stored before the scheduler hears of it: a peer may ask for it at once.
-        self.data[task.key] = value
-        self.nbytes[task.key] = len(payload)
+        self._hold(task.key, value, len(payload))
         message = self.finished_message(task, payload)
         if task.notify and not busy and not self.ready:
             # About to go idle: someone likely waits on this very result. (Busy workers
@@ -693,6 +701,13 @@ class WorkerState:
             if key in self.doomed:
                 self.doomed.discard(key)
                 self._forget(key)
+
+    def _hold(self, key: str, value: Any, nbytes: int) -> None:
+        """A result run here, which the scheduler counts as held here from its report on:
+        kept even if an earlier copy here was to go once no task needed it."""
+        self.data[key] = value
+        self.nbytes[key] = nbytes
+        self.doomed.discard(key)
 
     def _forget(self, key: str) -> None:
         if key in self.data:  # (not pop: that would read a spilled result back first)

@@ -69,6 +69,9 @@ class Sim:
         op = msg["op"]
         if op == "compute":
             assert msg["run_id"] not in self.runs[address], "run id reused"
+            # Results sent along are the task's own inputs, each in memory.
+            for dep in msg.get("inline", ()):
+                assert dep in msg["deps"] and self.state.tasks[dep].state == "memory", dep
             self.runs[address][msg["run_id"]] = msg
             self.computes.append((address, msg))
         elif op == "cancel":
@@ -164,10 +167,20 @@ class Sim:
     def outstanding(self) -> list[str]:
         return sorted(msg["key"] for runs in self.runs.values() for msg in runs.values())
 
-    def finish(self, key: str, nbytes: int = 8, run: tuple[str, int] | None = None) -> None:
+    def finish(
+        self,
+        key: str,
+        nbytes: int = 8,
+        run: tuple[str, int] | None = None,
+        data: bytes | None = None,
+    ) -> None:
+        """The worker reports the run over; ``data``: the result's pickle, when small."""
         address, run_id = run or self.run_of(key)
         del self.runs[address][run_id]
-        self.state.handle_task_finished(address, {"run_id": run_id, "nbytes": nbytes})
+        report: Message = {"run_id": run_id, "nbytes": nbytes}
+        if data is not None:
+            report["data"] = data
+        self.state.handle_task_finished(address, report)
         self.step()
 
     def err(

@@ -50,3 +50,18 @@ def test_a_backlogs_results_are_left_to_the_scheduler_while_more_tasks_wait() ->
     third, fourth = (message for _, message in sim.computes[2:])
     assert "notify" not in third  # t3 still waited when t2 was placed
     assert fourth["notify"] == ["c"]  # the last: nothing waits behind it
+
+
+def test_a_result_other_tasks_take_is_told_by_the_scheduler_not_the_worker() -> None:
+    """A pipeline's intermediate results: one frame from the scheduler tells the client of
+    many, where each worker would send one frame per result."""
+    sim = Sim()
+    sim.add_client("c")
+    sim.add_worker("w", {"A": 1})
+    sim.submit("blocker", resources={"A": 1})
+    sim.submit("x", resources={"A": 1})  # queued behind blocker...
+    sim.submit("y", deps=["x"])  # ...so that it has a dependent when placed
+    sim.finish("blocker")
+    (compute,) = [m for _, m in sim.computes if m["key"] == "x"]
+    assert "notify" not in compute
+    assert sim.computes[0][1]["notify"] == ["c"]  # (blocker: nothing takes it)

@@ -104,7 +104,8 @@ def drive(seed: int, steps: int = 400) -> tuple[Sim, set[str]]:
                 continue
             key = _key_of(sim, run)
             if op == "finish":
-                sim.finish(key, nbytes=rng.randint(1, 10_000), run=run)
+                data = b"x" * rng.randint(1, 3000) if rng.random() < 0.5 else None
+                sim.finish(key, nbytes=rng.randint(1, 10_000), run=run, data=data)
             elif op == "err":
                 sim.err(key, run=run)
             else:

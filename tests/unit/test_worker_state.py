@@ -167,6 +167,66 @@ def test_an_input_held_here_needs_no_fetch() -> None:
     assert node.fetches == [] and node.started == ["x", "y"]
 
 
+def test_inputs_sent_with_a_task_are_not_fetched_and_go_once_no_task_needs_them() -> None:
+    node = Node(nthreads=1)
+    node.compute("blocker")
+    node.compute("y", deps={"x": ["peer"], "far": ["peer"]}, inputs={"x": 7})
+    node.compute("z", deps={"x": ["peer"]})  # x is here already: nothing more is fetched
+    assert [f.key for f in node.fetches] == ["far"]
+    assert node.state.data["x"] == 7 and node.state.nbytes["x"] == len(pickle.dumps(7))
+    assert node.ops("data-acquired") == []  # the scheduler does not count this copy...
+    node.finish("blocker")
+    node.fetched("far", 1)
+    node.finish("z")  # (it started first: y waited for far)
+    assert "x" in node.state.data  # (y still needs it)
+    node.finish("y")
+    assert "x" not in node.state.data  # ...so it goes once no task here needs it
+    assert node.state.registration_report()["held"].keys() == {"blocker", "far", "y", "z"}
+
+
+def test_an_input_sent_with_a_task_while_it_is_being_fetched_waits_for_the_fetch() -> None:
+    node = Node()
+    node.compute("y", deps={"x": ["peer"]})
+    node.compute("z", deps={"x": ["peer"]}, inputs={"x": 7})
+    assert [f.key for f in node.fetches] == ["x"] and node.started == []
+    node.fetched("x", 7)
+    assert node.started == ["y"]
+    node.finish("y")
+    node.finish("z")
+    assert node.state.data["x"] == 7  # fetched, so counted by the scheduler: kept
+
+
+def test_a_result_made_here_stays_though_a_copy_sent_with_a_task_was_to_go() -> None:
+    node = Node(nthreads=2)
+    node.compute("y", deps={"x": ["peer"]}, inputs={"x": 7})
+    node.compute("x", run_id=99)  # the scheduler has it made here too (its holder died)
+    node.finish("x", value=7)
+    node.finish("y")
+    assert node.state.data["x"] == 7  # reported held here: it stays
+    node.apply(node.state.acquire("y", ["retiring"]))
+    assert "y" in node.state.data
+
+
+def test_a_result_made_here_again_after_the_scheduler_freed_its_copy_stays() -> None:
+    node = Node(nthreads=2)
+    node.compute("y", deps={"x": ["peer"]})
+    node.fetched("x", 7)
+    node.state.free_keys(["x"])  # y still needs it: it goes when y ends...
+    node.compute("x", run_id=99)  # ...but the scheduler has x made here meanwhile
+    node.finish("x", value=7)
+    node.finish("y")
+    assert node.state.data["x"] == 7  # reported held here: it stays
+
+
+def test_a_copy_sent_with_a_task_is_kept_once_the_scheduler_asks_for_it() -> None:
+    node = Node(nthreads=1)
+    node.compute("y", deps={"x": ["peer"]}, inputs={"x": 7})
+    node.apply(node.state.acquire("x", ["retiring"]))
+    assert node.ops("data-acquired") == [{"op": "data-acquired", "key": "x"}]
+    node.finish("y")
+    assert node.state.data["x"] == 7
+
+
 def test_a_failed_fetch_sends_the_task_back_as_missing_its_input() -> None:
     node = Node()
     node.compute("y", deps={"x": ["dead-peer"], "other": ["peer"]})
@@ -478,7 +538,10 @@ def test_random_events_keep_the_books_straight(seed: int) -> None:
         if roll < 0.35:
             demand = rng.choice([{}, {"GPU": 1}, {"GPU": 2}, {"MEM": 0.5}, {"GPU": 1, "MEM": 1}])
             deps = {f"d{rng.randint(0, 4)}": ["peer"]} if rng.random() < 0.3 else {}
-            node.compute(f"t{step}", resources=demand, deps=deps, priority=rng.randint(0, 3))
+            inputs = dict.fromkeys(deps, "sent") if rng.random() < 0.5 else None
+            node.compute(
+                f"t{step}", resources=demand, deps=deps, priority=rng.randint(0, 3), inputs=inputs
+            )
         elif roll < 0.6 and node.running:
             key = rng.choice(sorted(node.running))
             node.finish(key) if rng.random() < 0.8 else node.err(key)

@@ -97,9 +97,19 @@ class Node:
         return instructions
 
     # ------------------------------------------------------------------ events
-    def compute(self, key: str, run_id: int | None = None, **fields: Any) -> None:
+    def compute(
+        self,
+        key: str,
+        run_id: int | None = None,
+        inputs: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> None:
+        """The scheduler's ``compute``; ``inputs``: values sent along with it (inline)."""
         message = {"key": key, "run_id": run_id or run_id_of(key), "func": b"f", "args": b"a"}
-        self.apply(self.state.compute({**message, **fields}))
+        inline = None
+        if inputs is not None:
+            inline = {k: (value, len(pickle.dumps(value))) for k, value in inputs.items()}
+        self.apply(self.state.compute({**message, **fields}, inline))
 
     def finish(self, key: str, value: Any = None, *, busy: bool = False) -> list[Instruction]:
         task = self._end(key)
