@@ -139,9 +139,10 @@ def test_metrics_count_dependencies_fetched_from_another_worker(
 ) -> None:
     transfers = ("apportion_transfers_total", ())
     before = metrics(cluster)[transfers]
-    here = client.submit(emit, "made on cpu", resources={"CPU-ONLY": 1})
+    # Larger than the results the scheduler hands on inline with a task (2 KiB): fetched.
+    here = client.submit(bytes, 100_000, resources={"CPU-ONLY": 1})
     there = client.submit(len, here, resources={"GPU": 1})  # runs on gpu-a, fetches it
-    assert there.result() == len("made on cpu")
+    assert there.result() == 100_000
     # The worker may tell this client before the scheduler hears of the run.
     wait_until(lambda: metrics(cluster)[transfers] == before + 1, what="one transfer counted")
 
