@@ -31,6 +31,12 @@ logger = logging.getLogger("apportion.client")
 MAX_SHARED_HOLDERS = 1024
 
 
+def holder_unreachable(address: str, exc: BaseException) -> SchedulerConnectionError:
+    """The error of a fetch whose holder's connection failed (fetch_missing waits for the
+    result to be made again, or raises it)."""
+    return SchedulerConnectionError(f"could not fetch results from worker {address}: {exc}")
+
+
 class FutureTable:
     """The states of one client's keys; see the module's docstring.
 
@@ -312,9 +318,7 @@ class FutureTable:
         except (TimeoutError, FetchTimeout):
             raise  # (an OSError too: not a lost connection)
         except (OSError, CommClosedError) as exc:
-            raise SchedulerConnectionError(
-                f"could not fetch results from worker {address}: {exc}"
-            ) from exc
+            raise holder_unreachable(address, exc) from exc
         self._store(address, [f._state for f in futures], payloads, segments)
         return True
 
@@ -355,9 +359,7 @@ class FutureTable:
                     host,
                 )
             except (OSError, CommClosedError) as exc:
-                raise SchedulerConnectionError(
-                    f"could not fetch results from worker {address}: {exc}"
-                ) from exc
+                raise holder_unreachable(address, exc) from exc
             self._store(address, states, payloads, segments)
 
         if len(by_worker) == 1:  # the usual case: no task of its own, one loop pass fewer
