@@ -378,19 +378,7 @@ class Client(metaclass=_ClientType):
                 key = f"{name}-{digest.hexdigest()}"
             else:
                 key = f"{name}-{table.unique_token()}"
-            if key in deps:
-                raise ValueError(
-                    f"task {key!r} would depend on itself: one of its arguments is the future "
-                    f"of key {key!r}; give the new task another key"
-                )
-            if len(func_bytes) + len(args_bytes) > limit:
-                raise FrameTooLargeError(
-                    too_large(
-                        f"task {key!r}",
-                        len(func_bytes) + len(args_bytes),
-                        self.session.peer_max_frame,
-                    )
-                )
+            self._check_task(key, deps, len(func_bytes) + len(args_bytes), limit)
             prepared.append((key, args_bytes, deps))
         # What every task of the piece is sent with besides its key and arguments.
         shared = {"func": func_bytes, **options}
@@ -423,6 +411,19 @@ class Client(metaclass=_ClientType):
                 state.refs += 1
                 futures.append(Future.counted(key, self, state))
         return specs, futures
+
+    def _check_task(self, key: str, deps: Iterable[str], nbytes: int, limit: int) -> None:
+        """Refuse a task that names itself among its inputs, or whose function and arguments
+        (``nbytes``) would not fit the scheduler's frames (``limit``)."""
+        if key in deps:
+            raise ValueError(
+                f"task {key!r} would depend on itself: one of its arguments is the future "
+                f"of key {key!r}; give the new task another key"
+            )
+        if nbytes > limit:
+            raise FrameTooLargeError(
+                too_large(f"task {key!r}", nbytes, self.session.peer_max_frame)
+            )
 
     def _options(
         self,
@@ -507,19 +508,9 @@ class Client(metaclass=_ClientType):
             key = f"{name}-{token}"
         elif not isinstance(key, str):
             raise TypeError(f"key must be a string, got {key!r}")
-        if key in deps:
-            raise ValueError(
-                f"task {key!r} would depend on itself: one of its arguments is the future "
-                f"of key {key!r}; give the new task another key"
-            )
         if limit is None:
             limit = task_bytes_limit(self.session.peer_max_frame)
-        if len(func_bytes) + len(args_bytes) > limit:
-            raise FrameTooLargeError(
-                too_large(
-                    f"task {key!r}", len(func_bytes) + len(args_bytes), self.session.peer_max_frame
-                )
-            )
+        self._check_task(key, deps, len(func_bytes) + len(args_bytes), limit)
         # Kept as the future's lineage: made of values the garbage collector can stop
         # tracking (a tuple of keys, no empty dict), so that the kept specs cost it nothing.
         spec = {"key": key, "func": func_bytes, "args": args_bytes, **options}
