@@ -292,8 +292,9 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
     GPU worker (worker to worker), gathered by the client, and sent by the client as an
     argument (MB/s; each includes one small task's round trip, and no pass over the array:
     the receiving task reads its size; the time of a sum over it, where it is, is a row of
-    its own); then the peak resident memory of the sending worker, the client and a
-    receiving worker (MB, over all sizes).
+    its own; worker to worker also as the receiving worker timed the transfer alone, where
+    the system says: ``session.fetch_seconds``); then the peak resident memory of the
+    sending worker, the client and a receiving worker (MB, over all sizes).
 
     Worker to worker and gather are measured over the network path (TCP; a system that
     can turn its shared memory off, ``session.share_memory``, does so for them) and, for
