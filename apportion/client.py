@@ -604,7 +604,13 @@ class Client(metaclass=_ClientType):
             with self._lock:
                 view.describe(workers, now)
         elif due == "refresh":
-            self.session.start(self._describe_workers(now))
+            describing = self._describe_workers(now)
+            try:
+                self.session.start(describing)
+            except RuntimeError:  # the loop is closed: this client is closing
+                describing.close()
+                with self._lock:
+                    view.refreshing = False
         return view
 
     async def _describe_workers(self, now: float) -> None:
