@@ -80,6 +80,7 @@ from apportion.session import (
 )
 from apportion.stored_args import (
     KeptArgument,
+    WorkerView,
     argument_value,
     choose_holder,
     large_arguments,
@@ -209,6 +210,8 @@ class Client(metaclass=_ClientType):
         # Their values, kept until the tasks that took them are done: put on another
         # worker if their holder is lost first (see apportion/stored_args.py).
         self._kept: dict[str, KeptArgument] = {}
+        # The workers, for choosing where those go (described again now and then).
+        self._worker_view = WorkerView()
         self._warned: set[tuple] = set()
         self.session.on("no-worker", self._on_no_worker)
         self.session.on("worker-paused", warn_worker_paused)
@@ -552,8 +555,11 @@ class Client(metaclass=_ClientType):
         found = large_arguments(tuple(args), dict(kwargs), threshold, Future)
         if not found:
             return None
-        workers = self.session.request({"op": "info"})["workers"]
-        holder = choose_holder(workers, options["resources"], options)
+        view = self._described_workers()
+        with self._lock:
+            holder = choose_holder(view.workers, options["resources"], options)
+            if holder is not None:
+                view.chose(holder, sum(len(payload) for _, _, payload in found))
         if holder is None:
             return None
         futures: dict[int | str, Future] = {}
@@ -565,6 +571,8 @@ class Client(metaclass=_ClientType):
                 logger.info(
                     "could not store an argument on %s, sending it with the task: %s", holder, exc
                 )
+                with self._lock:
+                    view.unreachable(holder)
                 return None
             values[key] = value
             if known is not None:
@@ -582,6 +590,40 @@ class Client(metaclass=_ClientType):
             futures[position] = future
         new_args, new_kwargs = replace(tuple(args), dict(kwargs), futures)
         return new_args, new_kwargs, tuple(futures.values()), values
+
+    def _described_workers(self) -> WorkerView:
+        """The view of the workers to choose a holder from: described again first when it
+        is old, or in the background when it is no longer fresh (stored_args.WorkerView)."""
+        view = self._worker_view
+        now = time.monotonic()
+        with self._lock:
+            due = view.due(now)
+            view.refreshing |= due == "refresh"
+        if due == "wait":
+            workers = self.session.request({"op": "info"})["workers"]
+            with self._lock:
+                view.describe(workers, now)
+        elif due == "refresh":
+            describing = self._describe_workers(now)
+            try:
+                self.session.start(describing)
+            except RuntimeError:  # the loop is closed: this client is closing
+                describing.close()
+                with self._lock:
+                    view.refreshing = False
+        return view
+
+    async def _describe_workers(self, now: float) -> None:
+        try:
+            workers = (await self.session.request_async({"op": "info"}))["workers"]
+        except (OSError, CommClosedError, SchedulerConnectionError, RuntimeError) as exc:
+            logger.debug("could not describe the workers again: %s", exc)
+            return
+        finally:
+            with self._lock:
+                self._worker_view.refreshing = False
+        with self._lock:
+            self._worker_view.describe(workers, now)
 
     def _put_argument(
         self, holder: str, value: Any, payload: Payload, pure: bool

@@ -97,6 +97,9 @@ def data_plane(summary: dict[str, Any], machine_floor: dict[str, Any] | None) ->
                 "floor_mb_per_s": shape,
                 "of_floor": of_floor,
                 "of_cached_loopback": value / float(cached) if cached else None,
+                # The transfer alone as its receiver timed it (request to reply), for
+                # information: the row itself also holds a task's round trip.
+                "transfer_mb_per_s": mine.get(f"data_{mb}mb_{what}_transfer_mb_per_s"),
                 "over_dask": over_dask,
                 "task_pass_ms": mine.get(f"data_{mb}mb_task_pass_ms"),
                 "met": met,
@@ -202,6 +205,7 @@ PLANE_HEAD = [
     "floor (new memory, same size, warm connection)",
     "of floor",
     "of cached loopback",
+    "transfer alone (receiver's timing), of floor",
     "x dask",
     "sum where it is (ms)",
     "target",
@@ -209,7 +213,8 @@ PLANE_HEAD = [
 PLANE_NOTE = (
     f"Target per TCP row: at least {OF_FLOOR:.0%} of its floor (loopback TCP into new memory "
     "of the same size over a connection used before, measured in the same run; each row also "
-    "holds a task's round trip, or the client's request, which the floor does not) and at "
+    "holds a task's round trip, or the client's request, which the floor does not; the "
+    "transfer alone, where the receiving worker timed it, is shown beside) and at "
     f"least {OVER_DASK:g}x Dask in the "
     "same run; the transfer is timed without a pass over the array (its sum, where it is, "
     "is shown apart); the ratio to cached loopback is for information. Peak RSS: at most "
@@ -230,6 +235,7 @@ def _plane_rows(results: dict[str, Any], marks: tuple[str, str]) -> list[list[st
                     _fmt(row["floor_mb_per_s"]),
                     _percent(row["of_floor"]),
                     _percent(row["of_cached_loopback"]),
+                    _transfer(row.get("transfer_mb_per_s"), row["floor_mb_per_s"]),
                     NA if row["over_dask"] is None else f"{row['over_dask']:.2f}x",
                     _fmt(row["task_pass_ms"]),
                     f"{OF_FLOOR:.0%} of floor, {OVER_DASK:g}x dask {mark}",
@@ -246,10 +252,19 @@ def _plane_rows(results: dict[str, Any], marks: tuple[str, str]) -> list[list[st
                     "",
                     "",
                     "",
+                    "",
                     f"<= {RSS_OVER_PAYLOAD:g}x payload {mark}",
                 ]
             )
     return rows
+
+
+def _transfer(mb_per_s: float | None, floor_mb_per_s: float | None) -> str:
+    """A row's transfer alone: its MB/s and its share of the floor."""
+    if mb_per_s is None:
+        return NA
+    share = f" ({mb_per_s / floor_mb_per_s:.0%})" if floor_mb_per_s else ""
+    return _fmt(mb_per_s) + share
 
 
 def _percent(value: float | None) -> str:

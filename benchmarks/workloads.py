@@ -113,6 +113,14 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
     return seconds
 
 
+def fetch_seconds_here() -> float:
+    """In an apportion worker process: the seconds its fetches over TCP took so far, from
+    each request to its reply (worker/transfers.py)."""
+    from apportion.worker.transfers import fetch_counters
+
+    return float(fetch_counters()["fetch_seconds"])
+
+
 def share_memory_here(on: bool) -> None:
     """In an apportion worker process: hand large results to peers of this host through
     shared memory, or not."""
@@ -254,21 +262,29 @@ def stream(session: Session, sizes: Sizes) -> dict[str, float]:
     }
 
 
-def _worker_to_worker(session: Session, nbytes: int) -> tuple[Any, float, float, float]:
+def _worker_to_worker(
+    session: Session, nbytes: int
+) -> tuple[Any, float, float, float, float | None]:
     """An array made on bigmem (untimed), summed there (the task's own pass over it,
     timed apart), then taken by a task on a GPU worker that only reads its size (the
     transfer, timed without a pass over the array): the array's future, the sum, the
-    seconds of the transfer and of the sum."""
+    seconds of the row and of the sum, and the seconds of the transfer alone as the
+    receiving worker timed it (its request to the holder, the reply read; None for a
+    system whose workers do not say)."""
     array = session.submit(make_array, nbytes, resources={"MEMORY": 1})
     # Made (and only then timed): a task on the same worker reads its size.
     assert session.result(session.submit(array_nbytes, array, resources={"MEMORY": 1}))
     start = time.perf_counter()
     total = session.result(session.submit(array_sum, array, resources={"MEMORY": 1}))
     summed = time.perf_counter() - start
+    fetch_seconds = getattr(session, "fetch_seconds", None)
+    fetched_before = fetch_seconds() if fetch_seconds is not None else 0.0
     start = time.perf_counter()
     got = session.result(session.submit(array_nbytes, array, resources={"GPU": 1}))
+    seconds = time.perf_counter() - start
     assert got == nbytes, "data: wrong answer"
-    return array, total, time.perf_counter() - start, summed
+    transfer = fetch_seconds() - fetched_before if fetch_seconds is not None else None
+    return array, total, seconds, summed, transfer or None
 
 
 def data(session: Session, sizes: Sizes) -> dict[str, float]:
@@ -276,8 +292,9 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
     GPU worker (worker to worker), gathered by the client, and sent by the client as an
     argument (MB/s; each includes one small task's round trip, and no pass over the array:
     the receiving task reads its size; the time of a sum over it, where it is, is a row of
-    its own); then the peak resident memory of the sending worker, the client and a
-    receiving worker (MB, over all sizes).
+    its own; worker to worker also as the receiving worker timed the transfer alone, where
+    the system says: ``session.fetch_seconds``); then the peak resident memory of the
+    sending worker, the client and a receiving worker (MB, over all sizes).
 
     Worker to worker and gather are measured over the network path (TCP; a system that
     can turn its shared memory off, ``session.share_memory``, does so for them) and, for
@@ -314,8 +331,10 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
         nbytes = mb * 1_000_000
         if share is not None:
             share(False)
-        array, total, seconds, summed = _worker_to_worker(session, nbytes)
+        array, total, seconds, summed, transfer = _worker_to_worker(session, nbytes)
         metrics[f"data_{mb}mb_worker_to_worker_mb_per_s"] = mb / seconds
+        if transfer:
+            metrics[f"data_{mb}mb_worker_to_worker_transfer_mb_per_s"] = mb / transfer
         metrics[f"data_{mb}mb_task_pass_ms"] = summed * 1e3
         start = time.perf_counter()
         gathered = session.result(array)
@@ -325,7 +344,7 @@ def data(session: Session, sizes: Sizes) -> dict[str, float]:
         if share is not None:
             share(True)
         if share is not None or always_shared:
-            array, shared_total, seconds, _ = _worker_to_worker(session, nbytes)
+            array, shared_total, seconds, *_ = _worker_to_worker(session, nbytes)
             metrics[f"data_{mb}mb_worker_to_worker_shared_mb_per_s"] = mb / seconds
             assert shared_total == total, "data: wrong answer"
             start = time.perf_counter()
@@ -505,6 +524,7 @@ METRICS: list[Metric] = [
         for mb in Sizes().data_mb
         for what, label in (
             ("worker_to_worker", "worker to worker"),
+            ("worker_to_worker_transfer", "worker to worker, the transfer alone"),
             ("worker_to_worker_shared", "worker to worker, shared memory"),
             ("gather", "client gather"),
             ("gather_shared", "client gather, shared memory"),

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from apportion.worker import memory, output, readiness, secession, spill, stored, uploads
+from apportion.worker import memory, output, readiness, secession, spill, stored, transfers, uploads
 from apportion.worker.state import (
     Execute,
     Fetch,
@@ -523,6 +523,7 @@ class Worker:
         from every holder and after a recomputation."""
         problems = []
         for holder in fetch.holders:
+            asked = time.perf_counter()
             try:
                 payload, segment = await self._get_from(holder, fetch.key)
             except Exception as exc:  # unreachable, or gone
@@ -533,6 +534,8 @@ class Worker:
                 problems.append(f"{holder} does not hold it")
                 continue
             size = len(payload)
+            if segment is None:  # over TCP: the transfer alone, as this worker saw it
+                transfers.count_fetch(size, time.perf_counter() - asked)
             try:
                 value = loads_value(payload)
             except Exception as exc:

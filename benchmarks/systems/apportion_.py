@@ -15,7 +15,13 @@ import apportion
 from apportion import Client, LocalCluster, config
 from benchmarks.systems.futures_session import FuturesSession
 from benchmarks.tls import Certificates
-from benchmarks.workloads import N_WORKERS, SEED_WORKERS, Sizes, share_memory_here
+from benchmarks.workloads import (
+    N_WORKERS,
+    SEED_WORKERS,
+    Sizes,
+    fetch_seconds_here,
+    share_memory_here,
+)
 
 # Dask collections run through the client (benchmarks/dask_workloads.py).
 COMPUTES_DASK_COLLECTIONS = True
@@ -31,6 +37,11 @@ class ApportionSession(FuturesSession):
         """Workers of this host hand each other large results through shared memory, or
         not (the data workload measures both paths on one cluster)."""
         self.client.run(share_memory_here, on)
+
+    def fetch_seconds(self) -> float:
+        """The seconds all workers spent on fetches over TCP so far, each from its request
+        to its reply (the data workload's transfer alone, beside its whole row)."""
+        return sum(self.client.run(fetch_seconds_here).values())
 
 
 # APPORTION_BENCH_DASHBOARD=1: the scheduler serves HTTP and a dashboard page is open

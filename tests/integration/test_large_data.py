@@ -3,6 +3,7 @@ submitted argument (out-of-band buffers end to end), over TCP and over TLS."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,3 +48,29 @@ def test_large_arrays_move_over_tls(tmp_path: Path) -> None:
     with config.set(tls), LocalCluster(workers=TWO_WORKERS) as cluster, Client(cluster) as client:
         assert cluster.scheduler_address.startswith("tls://")
         check_large_data(client)
+
+
+def test_a_worker_times_each_fetch_over_tcp() -> None:
+    """The receiving worker counts a fetched input's bytes and the time from its request
+    to the reply: the transfer alone, without the task's round trip around it."""
+    from apportion.worker.transfers import fetch_counters
+
+    with (
+        config.set({"worker.shared-memory": False}),
+        LocalCluster(workers=TWO_WORKERS) as cluster,
+        Client(cluster) as client,
+    ):
+        names = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+        before = client.run(fetch_counters)
+        made = client.submit(np.arange, N, dtype="f8", resources={"A": 1})
+        start = time.perf_counter()
+        total = client.submit(np.sum, made, resources={"B": 1})
+        assert total.result(timeout=60) == pytest.approx(N * (N - 1) / 2)
+        row = time.perf_counter() - start  # the made array's task and the transfer's
+        after = client.run(fetch_counters)
+        receiver, holder = names["b"], names["a"]
+        assert after[holder] == before[holder]  # it only served
+        assert after[receiver]["fetched"] - before[receiver]["fetched"] == 1
+        assert after[receiver]["fetched_bytes"] - before[receiver]["fetched_bytes"] >= 8 * N
+        seconds = after[receiver]["fetch_seconds"] - before[receiver]["fetch_seconds"]
+        assert 0 < seconds < row

@@ -13,6 +13,7 @@ import pytest
 from apportion.worker.stored import waiting_keys
 
 import apportion.client as client_module
+import apportion.stored_args as stored_args
 from apportion import Client, LocalCluster
 from tests.integration.tasks import wait_for_file
 
@@ -238,4 +239,52 @@ def test_with_no_fitting_worker_left_a_lost_argument_travels_with_its_task(
         cluster.start_workers([{"name": "g3", "resources": {"G": 1}}])
         assert total.result(timeout=60) == pytest.approx(argument.sum())
         assert _worker_names(client)[total._state.who_has[0]] == "g3"
+        assert client.check_invariants() == []
+
+
+def test_large_arguments_in_a_row_do_not_each_ask_the_scheduler_for_its_workers(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stored_args, "VIEW_STALE_S", 600.0)  # however slow the machine
+    asked = []
+    request = client.session.request
+
+    def counted(message: dict, timeout: float | None = 60.0) -> dict:
+        asked.append(message["op"])
+        return request(message, timeout)
+
+    monkeypatch.setattr(client.session, "request", counted)
+    arguments = [np.full(2 * MB // 8, float(i)) for i in range(6)]
+    totals = [client.submit(np.sum, a, resources={"A": 1}) for a in arguments]
+    assert client.gather(totals) == [a.sum() for a in arguments]
+    assert all(total._state.arguments for total in totals)  # each stored on a worker
+    assert asked.count("info") <= 1  # the first, if the view was old
+
+
+def test_a_holder_gone_since_the_workers_were_described_is_not_chosen_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(stored_args, "VIEW_STALE_S", 600.0)  # the view stays as described
+    monkeypatch.setattr(stored_args, "VIEW_FRESH_S", 600.0)
+    workers = [{"name": "g1", "resources": {"G": 1}}, {"name": "g2", "resources": {"G": 1}}]
+    with LocalCluster(workers=workers) as cluster, Client(cluster) as client:
+        first = np.full(2 * MB // 8, 1.0)
+        assert client.submit(np.sum, first, resources={"G": 1}).result(60) == first.sum()
+        view = client._worker_view
+        chosen = stored_args.choose_holder(view.workers, {"G": 1}, {})
+        assert chosen is not None
+        gone = view.workers[chosen]["name"]
+        cluster.kill_worker(gone)
+        wait_until(lambda: len(client.scheduler_info()["workers"]) == 1)
+        # Still in the view: the argument cannot be put there, and goes with its task.
+        second = np.full(2 * MB // 8, 2.0)
+        total = client.submit(np.sum, second, resources={"G": 1})
+        assert total.result(timeout=60) == second.sum()
+        assert not getattr(total._state, "arguments", ())
+        # Not chosen again: the next one is stored on the worker left.
+        third = np.full(2 * MB // 8, 3.0)
+        total = client.submit(np.sum, third, resources={"G": 1})
+        assert total.result(timeout=60) == third.sum()
+        (stored,) = total._state.arguments
+        assert _worker_names(client)[stored._state.who_has[0]] != gone
         assert client.check_invariants() == []

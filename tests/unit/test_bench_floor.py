@@ -113,6 +113,7 @@ def test_each_data_row_is_read_against_the_floor_of_its_own_shape() -> None:
     )
     metrics = {
         "data_10mb_worker_to_worker_mb_per_s": 950.0,  # 95% of its floor, 1.9x dask
+        "data_10mb_worker_to_worker_transfer_mb_per_s": 1200.0,  # the receiver's own timing
         "data_10mb_gather_mb_per_s": 850.0,  # 85%: short of the floor
         "data_400mb_worker_to_worker_mb_per_s": 920.0,  # 92%, but 1.15x dask only
         "data_400mb_task_pass_ms": 30.0,
@@ -132,6 +133,8 @@ def test_each_data_row_is_read_against_the_floor_of_its_own_shape() -> None:
     row = plane["data_10mb_worker_to_worker_mb_per_s"]
     assert row["of_floor"] == 0.95 and row["over_dask"] == 1.9 and row["met"] is True
     assert row["of_cached_loopback"] == 950.0 / 2000.0
+    assert row["transfer_mb_per_s"] == 1200.0
+    assert plane["data_10mb_gather_mb_per_s"]["transfer_mb_per_s"] is None
     assert plane["data_10mb_gather_mb_per_s"]["met"] is False
     row = plane["data_400mb_worker_to_worker_mb_per_s"]
     assert row["met"] is False and row["task_pass_ms"] == 30.0
@@ -143,5 +146,6 @@ def test_each_data_row_is_read_against_the_floor_of_its_own_shape() -> None:
         | {"uptime_start": "", "uptime_end": ""},
     }
     text = report.markdown(results)
-    assert "| 10 MB array: client gather | 850 | 1,000 | 85% | 42% | 2.12x |" in text
+    assert "| 10 MB array: client gather | 850 | 1,000 | 85% | 42% | n/a | 2.12x |" in text
+    assert "| 10 MB array: worker to worker | 950 | 1,000 | 95% | 48% | 1,200 (120%) |" in text
     assert "90% of floor, 1.2x dask MISSED" in text

@@ -7,7 +7,14 @@ import pytest
 from apportion.worker.stored import StoredArguments
 
 from apportion.serialize import Pickled
-from apportion.stored_args import choose_holder, large_arguments, replace
+from apportion.stored_args import (
+    VIEW_FRESH_S,
+    VIEW_STALE_S,
+    WorkerView,
+    choose_holder,
+    large_arguments,
+    replace,
+)
 
 
 class FakeFuture:
@@ -88,3 +95,30 @@ def test_a_renamed_value_keeps_its_owner_and_a_missing_one_is_not_renamed() -> N
     assert not store.rename("upload-1", "int-def")  # gone: nothing to name
     store.drop_from(owner)
     assert store.keys() == []
+
+
+def test_the_worker_view_is_described_again_when_old_and_weighs_each_choice() -> None:
+    view = WorkerView()
+    assert view.due(0.0) == "wait"  # never described
+    view.describe({"a": worker("a", {"G": 1}), "b": worker("b", {"G": 1})}, 10.0)
+    assert view.due(10.0 + VIEW_FRESH_S / 2) == ""
+    assert view.due(10.0 + VIEW_FRESH_S * 2) == "refresh"
+    view.refreshing = True
+    assert view.due(10.0 + VIEW_FRESH_S * 2) == ""  # one refresh at a time
+    assert view.due(10.0 + VIEW_STALE_S * 2) == "wait"
+    # Each choice counts its bytes on its holder: equal workers take turns.
+    chosen = []
+    for _ in range(4):
+        holder = choose_holder(view.workers, {"G": 1}, {})
+        assert holder is not None
+        view.chose(holder, 1_000_000)
+        chosen.append(holder)
+    assert chosen == ["a", "b", "a", "b"]
+    # A holder that could not be reached is not chosen until described again.
+    view.unreachable("a")
+    assert choose_holder(view.workers, {"G": 1}, {}) == "b"
+    # A description asked for before the one held does not replace it.
+    view.describe({}, 9.0)
+    assert set(view.workers) == {"b"}
+    view.describe({"a": worker("a", {"G": 1})}, 11.0)
+    assert set(view.workers) == {"a"}
