@@ -65,15 +65,32 @@ class SlotsHost(Protocol):
     with_slots: dict[WorkerState, None]
 
 
-def note_run(state: SlotsHost, ws: WorkerState, seconds: float, base: int, most: int) -> None:
-    """A run of ``seconds`` ended on ``ws``: update its mean run time and its depth (and
-    its slots, unless it takes no work now: paused, closing or retiring)."""
-    mean = ws.run_mean = mean_after(ws.run_mean, seconds)
+def note_run(
+    state: SlotsHost, ws: WorkerState, seconds: float | None, base: int, most: int
+) -> None:
+    """A run of ``seconds`` (None: not reported) ended on ``ws``: update its mean run time
+    and its depth (and its slots, unless it takes no work now: paused, closing or
+    retiring)."""
+    mean = ws.run_mean
+    if seconds is not None:
+        mean = ws.run_mean = mean_after(mean, seconds)
     depth = next_depth(
         ws.depth, wanted_depth(mean, ws.nthreads, base, most), ws.max_slots - len(ws.processing)
     )
     if depth == ws.depth:
         return
+    _set_depth(state, ws, depth)
+
+
+def hold_runs(state: SlotsHost, ws: WorkerState) -> None:
+    """``ws`` holds more runs than its slots (the runs a previous scheduler sent it, back
+    with it after a restart): its depth grows to count them, and shrinks as they end."""
+    beyond = len(ws.processing) - ws.max_slots
+    if beyond > 0:
+        _set_depth(state, ws, ws.depth + beyond)
+
+
+def _set_depth(state: SlotsHost, ws: WorkerState, depth: int) -> None:
     ws.max_slots += depth - ws.depth
     ws.depth = depth
     if ws.slots == 0:

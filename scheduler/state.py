@@ -659,9 +659,10 @@ class SchedulerState:
             self._fill(ws)
             return
         self._set_state(ts, "memory", "finished")
-        if "stop" in msg:  # how long it ran: the worker's depth follows (see prefetch.py)
-            settings = self.settings
-            note_run(self, ws, msg["stop"] - msg["start"], settings.prefetch, settings.prefetch_max)
+        # How long it ran, when reported: the worker's depth follows (see prefetch.py).
+        seconds = msg["stop"] - msg["start"] if "stop" in msg else None
+        settings = self.settings
+        note_run(self, ws, seconds, settings.prefetch, settings.prefetch_max)
         ts.nbytes = int(msg.get("nbytes", 0))
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
