@@ -13,6 +13,7 @@ COMPILED_MODULES = [
     "apportion.scheduler.events",
     "apportion.scheduler.model",
     "apportion.scheduler.placement",
+    "apportion.scheduler.prefetch",
     "apportion.scheduler.recovery",
     "apportion.scheduler.retirement",
     "apportion.scheduler.small_results",

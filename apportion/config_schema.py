@@ -79,6 +79,14 @@ SETTINGS: tuple[Setting, ...] = (
         "Tasks handed to a worker beyond its thread count, to hide the round trip.",
     ),
     Setting(
+        "scheduler.worker-prefetch-max",
+        "integer",
+        64,
+        "Tasks per thread a worker may be handed beyond its thread count while its tasks "
+        "are short (a few milliseconds of them queued per thread; one long task brings it "
+        "back to scheduler.worker-prefetch); 0 keeps every worker at scheduler.worker-prefetch.",
+    ),
+    Setting(
         "scheduler.locality-bytes",
         "number",
         16 * 2**20,

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from apportion.scheduler.adjustments import Adjustments, adjustments
 from apportion.scheduler.model import NOTHING, TaskState, TaskStateName, WorkerState
+from apportion.scheduler.prefetch import hold_runs
 from apportion.scheduler.recovery import (
     RECOVERING,
     Decision,
@@ -223,6 +224,7 @@ def _book(state: AdoptionHost, ws: WorkerState, run_id: int, ts: TaskState) -> N
     for name, amount in ts.shape:
         used[name] = used.get(name, 0) + amount
         free[name] = total.get(name, 0) - used[name]
+    hold_runs(state, ws)  # a deep queue of short runs, sent by the previous scheduler
     if len(ws.processing) >= ws.slots:
         state.with_slots.pop(ws, None)
 

@@ -120,6 +120,7 @@ class WorkerState:
     __slots__ = (
         "address",
         "closing",
+        "depth",
         "fetched",
         "fitting_shapes",
         "free",
@@ -143,6 +144,7 @@ class WorkerState:
         "processing",
         "reserved_for",
         "retiring",
+        "run_mean",
         "slots",
         "total",
         "used",
@@ -174,7 +176,11 @@ class WorkerState:
         # What placement groups hold or claim here (placement_groups.WorkerGang); None
         # while they hold nothing, so that the hot path pays one check for them.
         self.gang: Any = None
-        self.max_slots = self.nthreads + max(0, prefetch)
+        # Runs it is sent beyond its threads (see prefetch.py: deeper while its runs are
+        # short), and its mean run time in seconds (None until one is reported).
+        self.depth = max(0, prefetch)
+        self.run_mean: float | None = None
+        self.max_slots = self.nthreads + self.depth
         self.slots = self.max_slots
         # Chosen for removal (scale-down): no new work (slots 0) until stopped or kept.
         self.retiring = False

@@ -17,6 +17,7 @@ Pure: no I/O; the scheduler's state machine owns one instance.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Final
 
@@ -28,8 +29,9 @@ MAX_RESULT_BYTES: Final = 2048
 MAX_MESSAGE_BYTES: Final = 2**20
 # Kept at most, in all (each entry counted with ENTRY_OVERHEAD bytes on top of its own).
 DEFAULT_BUDGET: Final = 16 * 2**20
-# The memory of one entry besides the result's bytes: the bytes object and the dict slot.
-ENTRY_OVERHEAD: Final = 100
+# The memory of one entry besides the result's bytes: the bytes object, the dict slot and
+# the ordered dict's link.
+ENTRY_OVERHEAD: Final = 160
 
 
 class SmallResults:
@@ -39,7 +41,10 @@ class SmallResults:
 
     def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
         self.budget = budget
-        self.kept: dict[TaskState, bytes] = {}
+        # Ordered, dropping from the front: a plain dict would make each drop of the
+        # oldest scan past every slot dropped before it (until the dict is rebuilt), so
+        # that with a full budget of results each new one cost tens of microseconds.
+        self.kept: OrderedDict[TaskState, bytes] = OrderedDict()
         self.used = 0
 
     def keep(self, ts: TaskState, data: object) -> None:
@@ -54,8 +59,7 @@ class SmallResults:
         kept[ts] = data
         self.used += len(data) + ENTRY_OVERHEAD
         while self.used > self.budget:
-            oldest = next(iter(kept))
-            self.used -= len(kept.pop(oldest)) + ENTRY_OVERHEAD
+            self.used -= len(kept.popitem(last=False)[1]) + ENTRY_OVERHEAD
 
     def drop(self, ts: TaskState) -> None:
         """``ts``'s result left memory (released, lost): its bytes are no longer its result."""

@@ -51,6 +51,7 @@ from apportion.scheduler.placement import (
     reserving_shapes,
 )
 from apportion.scheduler.placement_groups import BundleShape, PlacementGroups, holding
+from apportion.scheduler.prefetch import note_run
 from apportion.scheduler.recovery import WorkerReport
 from apportion.scheduler.restrictions import (
     describe,
@@ -658,6 +659,10 @@ class SchedulerState:
             self._fill(ws)
             return
         self._set_state(ts, "memory", "finished")
+        # How long it ran, when reported: the worker's depth follows (see prefetch.py).
+        seconds = msg["stop"] - msg["start"] if "stop" in msg else None
+        settings = self.settings
+        note_run(self, ws, seconds, settings.prefetch, settings.prefetch_max)
         ts.nbytes = int(msg.get("nbytes", 0))
         ts.who_has = self._with(ts.who_has, ws)
         ws.has_what.add(ts)
@@ -1642,6 +1647,7 @@ class Settings:
         "locality_bytes",
         "no_worker_timeout",
         "prefetch",
+        "prefetch_max",
         "retire_timeout",
         "tenants",
     )
@@ -1652,6 +1658,7 @@ class Settings:
         # when none is declared, so that the hot path pays one check for them.
         self.tenants: TenantShares | None = None
         self.prefetch = int(config.get("scheduler.worker-prefetch"))
+        self.prefetch_max = int(config.get("scheduler.worker-prefetch-max"))
         self.locality_bytes = float(config.get("scheduler.locality-bytes"))
         self.bandwidth = float(config.get("scheduler.bandwidth"))
         if self.locality_bytes < 0:

@@ -590,9 +590,8 @@ class Worker:
         while task is not None:
             ok, value, payload, text = self._execute(task)
             with self._lock:
-                report = self.state.report_run(
-                    task, ok, value, payload, text, busy=not self._jobs.empty()
-                )
+                busy = not self._jobs.empty() or bool(self.state.ready)
+                report = self.state.report_run(task, ok, value, payload, text, busy=busy)
                 epoch, comm = self.state.epoch, self.scheduler
             # The result belongs to the state now (or to nobody): this thread must not keep
             # it, nor its pickled copy, alive while it waits for the next task.
@@ -606,8 +605,9 @@ class Worker:
                     messages.append(instruction.message)
             del report
             # Reported before the slot is booked free: the scheduler's next task for this
-            # worker is on its way sooner.
-            if messages and not self._send_from_thread(comm, messages, epoch):
+            # worker is on its way sooner. With more work here already, the loop sends the
+            # reports of the runs that end before it gets to them in one frame.
+            if messages and not self._send_from_thread(comm, messages, epoch, busy):
                 return  # the event loop is closed: the worker is gone
             del messages
             data = self.data
@@ -674,10 +674,14 @@ class Worker:
         if wake is not None:
             wake.set()
 
-    def _send_from_thread(self, comm: Comm | None, messages: list[Message], epoch: int) -> bool:
-        """In a task thread: write to the scheduler at once when the connection is idle,
-        else hand the messages to the loop. False once the loop is closed."""
-        if comm is not None:
+    def _send_from_thread(
+        self, comm: Comm | None, messages: list[Message], epoch: int, busy: bool = False
+    ) -> bool:
+        """In a task thread: write to the scheduler at once when the connection is idle
+        and nothing else is to run here (``busy``), else hand the messages to the loop
+        (which sends what gathered by then at once: a frame for many short runs, instead
+        of a write each). False once the loop is closed."""
+        if comm is not None and not busy:
             try:
                 if comm.send_from_thread(messages):
                     return True

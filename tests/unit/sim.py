@@ -173,13 +173,17 @@ class Sim:
         nbytes: int = 8,
         run: tuple[str, int] | None = None,
         data: bytes | None = None,
+        seconds: float | None = None,
     ) -> None:
-        """The worker reports the run over; ``data``: the result's pickle, when small."""
+        """The worker reports the run over; ``data``: the result's pickle, when small;
+        ``seconds``: how long it ran (left out of the report when None)."""
         address, run_id = run or self.run_of(key)
         del self.runs[address][run_id]
         report: Message = {"run_id": run_id, "nbytes": nbytes}
         if data is not None:
             report["data"] = data
+        if seconds is not None:
+            report["start"], report["stop"] = 1000.0, 1000.0 + seconds
         self.state.handle_task_finished(address, report)
         self.step()
 

@@ -418,3 +418,19 @@ def test_no_worker_warnings_held_back_are_sent_when_the_wait_ends() -> None:
     assert sim.state.next_deadline() == WAIT
     sim.end_wait()
     assert [m["keys"] for m in sim.client_messages("no-worker")] == [["tpu-task"]]
+
+
+def test_a_worker_back_with_more_runs_than_its_slots_keeps_them_all_and_takes_no_more() -> None:
+    # A worker the previous scheduler sent a deep queue of short runs (scheduler/prefetch.py).
+    sim = RecoverySim()
+    queued = [run(f"t{i}", 100 + i) for i in range(20)]
+    sim.rejoin("w1", nthreads=1, running=queued)  # invariants checked: none broken
+    sim.resubmit(*(task(r["key"]) for r in queued), task("later"))
+    sim.end_wait()
+    ws = sim.state.workers["w1"]
+    assert len(ws.processing) == 20 and ws.max_slots == 20
+    assert sim.computed_keys() == []  # nothing sent while its runs fill its slots
+    for r in queued[:19]:
+        sim.finish(r["key"], run=("w1", r["run_id"]))
+    assert ws.max_slots == 1 + sim.state.settings.prefetch
+    assert sim.computed_keys() == ["later"]

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from apportion.scheduler.model import TaskState
 from apportion.scheduler.small_results import (
     ENTRY_OVERHEAD,
     MAX_MESSAGE_BYTES,
@@ -80,6 +83,28 @@ def test_the_oldest_results_go_first_beyond_the_budget(sim: Sim) -> None:
     kept = [ts.key for ts in sim.state.small_results.kept]
     assert kept == ["t2", "t3", "t4"]
     assert sim.state.small_results.used == 3 * (10 + ENTRY_OVERHEAD)
+
+
+def _seconds_per_new_result(kept: int, new: int) -> float:
+    """CPU seconds per result kept beyond a full budget of ``kept`` results."""
+    data = b"0123456789"
+    results = SmallResults(budget=kept * (len(data) + ENTRY_OVERHEAD))
+    tasks = [TaskState(f"t{i}", b"", b"", (), 0, 0, i) for i in range(kept + new)]
+    for ts in tasks[:kept]:
+        results.keep(ts, data)
+    start = time.process_time()
+    for ts in tasks[kept:]:
+        results.keep(ts, data)  # the oldest goes for each
+    return (time.process_time() - start) / new
+
+
+def test_dropping_the_oldest_costs_the_same_however_many_are_kept() -> None:
+    # It cost time in proportion to the results kept (20 us each with 100,000 kept).
+    few = min(_seconds_per_new_result(1_000, 100_000) for _ in range(2))
+    many = min(_seconds_per_new_result(100_000, 100_000) for _ in range(2))
+    assert many < 4 * few, (
+        f"{many * 1e6:.2f} us per result with many kept, {few * 1e6:.2f} with few"
+    )
 
 
 def test_a_budget_of_zero_keeps_nothing(sim: Sim) -> None:
