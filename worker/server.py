@@ -106,14 +106,19 @@ class Worker:
         self.inline_limit = int(config.get("worker.inline-result-bytes"))
         # Results held here; spilled to disk under memory pressure (worker/spill.py).
         self.data: spill.SpillBuffer | None = None
-        if self.memory_limit is not None:
-            directory = config.get("worker.memory.spill-directory")
-            self.data = spill.SpillBuffer(spill.new_spill_directory(directory))
-        self._memory_stop = threading.Event()
         target = self.memory_thresholds.target
         self._target_bytes = (
             int(target * self.memory_limit) if target and self.memory_limit else 1 << 62
         )
+        if self.memory_limit is not None:
+            directory = config.get("worker.memory.spill-directory")
+            self.data = spill.SpillBuffer(
+                spill.new_spill_directory(directory), target=self._target_bytes
+            )
+        self._memory_stop = threading.Event()
+        # One measure-and-spill at a time (the monitor's thread, task threads after a run):
+        # each decides on a measure taken after the other's spill, not both on one.
+        self._spilling = threading.Lock()
         # What the worker runs, holds and fetches: a pure state machine (worker/state.py).
         # THE LOCK RULE: self.state is read and changed only with self._lock held, by the
         # event loop and by task threads alike; the instructions it returns are carried
@@ -330,14 +335,15 @@ class Worker:
         data, limit = self.data, self.memory_limit
         if data is None or limit is None:
             return
-        rss = memory.process_memory()
         paused = self.state.paused  # (a read of a bool: the lock is taken to change it)
-        decision = memory.decide(limit, rss, data.fast_bytes, paused, self.memory_thresholds)
-        if decision.terminate:
-            self._terminate(rss, limit)
-        if decision.spill:
-            freed = data.evict(decision.spill)
-            logger.debug("worker %s spilled %d bytes of results", self.name, freed)
+        with self._spilling:
+            rss = memory.process_memory()
+            decision = memory.decide(limit, rss, data.fast_bytes, paused, self.memory_thresholds)
+            if decision.terminate:
+                self._terminate(rss, limit)
+            if decision.spill:
+                freed = data.evict(decision.spill)
+                logger.debug("worker %s spilled %d bytes of results", self.name, freed)
         if decision.paused != paused:
             # Measured again after spilling: spilling may have been enough.
             rss = memory.process_memory()
