@@ -363,6 +363,23 @@ class Worker:
                 )
                 self._loop_call(self._carry_out, instructions)
 
+    def spill_to_target(self) -> None:
+        """After a run (in its task thread): spill the results held in memory beyond
+        ``target``, by their sizes, as a result is stored (Dask's spill buffer does the
+        same). The process's own measure is the monitor's, as the backstop
+        (``check_memory``): it counts the interpreter and the runs' own memory besides the
+        results, so spilling on it after each run brought results below their target in
+        bursts of several writes before a task could start; by sizes, a run's result
+        sends about one out."""
+        data = self.data
+        if data is None:
+            return
+        with self._spilling:
+            excess = memory.beyond_target(self._target_bytes, data.fast_bytes)
+            if excess:
+                freed = data.evict(excess)
+                logger.debug("worker %s spilled %d bytes of results", self.name, freed)
+
     def _terminate(self, rss: int, limit: int) -> None:
         """Past the terminate threshold: exit at once, unannounced, as a crash, so that the
         supervisor (--nworkers, LocalCluster) starts a fresh worker and the scheduler
@@ -617,7 +634,7 @@ class Worker:
             if data is not None and data.fast_bytes > self._target_bytes:
                 # Results beyond the target: spilled now, before this thread starts the
                 # next task, not at the monitor's next look.
-                self.check_memory()
+                self.spill_to_target()
             with self._lock:
                 starts = self.state.free_run(task)
             task = None

@@ -398,3 +398,38 @@ def test_two_threads_checking_memory_at_once_spill_once(tmp_path: Path) -> None:
     second.join(60)
     assert store.spilled_count == 1 and store.fast_bytes == 6 * MIB
     store.close()
+
+
+def test_after_a_run_results_are_spilled_by_their_sizes_not_the_process_measure(
+    tmp_path: Path,
+) -> None:
+    from apportion.worker.server import Worker
+
+    settings = {
+        "worker.memory.spill-directory": str(tmp_path),
+        "worker.memory.pause": False,  # this process is far past the small limit
+        "worker.memory.terminate": False,
+    }
+    limit = 40 * MIB
+    assert process_memory() > 0.7 * limit  # so the process measure would spill it all
+    with config.set(settings):
+        worker = Worker("tcp://127.0.0.1:9", memory_limit=limit)
+    store = worker.data
+    assert store is not None
+    for i in range(4):  # 32 MiB of results against a target of 24
+        store[f"r{i}"] = np.full(8 * MIB, i, dtype=np.uint8)
+    worker.spill_to_target()
+    assert list(store.slow) == ["r0"] and store.fast_bytes == 24 * MIB
+    worker.spill_to_target()  # at the target: nothing more
+    assert store.spilled_count == 1
+    # The monitor's measure of the process is the backstop: it spills the rest.
+    worker.check_memory()
+    assert store.fast_bytes == 0
+    store.close()
+
+
+def test_results_beyond_the_target_are_what_a_stored_result_spills() -> None:
+    from apportion.worker.memory import beyond_target
+
+    assert beyond_target(600, 664) == 64
+    assert beyond_target(600, 600) == 0 and beyond_target(600, 10) == 0
