@@ -7,9 +7,11 @@ Two worker processes (one thread each) limited to ``--limit`` persist ``--chunks
 of ``--chunk-mb`` MB (64 x 64 MB = 4 GiB against 2 x 1 GiB by default), then sum each
 chunk, ``--reads`` times (every pass reads spilled chunks back). Each system runs in a
 fresh process; printed per system: seconds to persist, seconds for the sums, the peak
-resident memory of each worker process (VmHWM) against its limit, and the bytes on
-disk at the end (and, for apportion, all it wrote). Ray has no per-worker memory limit:
-its object store, which spills to disk when full, is given the two workers' memory
+resident memory of each worker process (VmHWM) against its limit, the bytes on disk at
+the end, the bytes the worker processes wrote to files (``write_bytes`` of /proc/<pid>/io,
+the same measure for apportion and Dask: in all, and while persisting), and the machine's
+load average before the run (other jobs swing the times). Ray has no per-worker memory
+limit: its object store, which spills to disk when full, is given the two workers' memory
 (2 x ``--limit``), with two task processes; their peaks are printed against the limit.
 ``make bench-spill`` runs it with the benchmark environment.
 """
@@ -54,18 +56,38 @@ def dask_spilled(dask_worker: Any) -> int:
     return int(getattr(spilled, "disk", 0) or 0)
 
 
+def bytes_written() -> int:
+    """The bytes this process has written to files (``write_bytes`` of /proc/self/io: pages
+    it dirtied, whether or not they reached the disk before their file was removed)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
 def _workload(
-    submit: Any, wait: Any, chunks: int, nbytes: int, reads: int
+    submit: Any, wait: Any, run: Any, chunks: int, nbytes: int, reads: int
 ) -> tuple[dict[str, float], list[Any]]:
-    """Times, and the persisted futures (held until the caller has measured)."""
+    """Times and bytes written by the workers (``run`` calls a function on each), and the
+    persisted futures (held until the caller has measured)."""
+    before = run(bytes_written)
     start = time.perf_counter()
     futures = [submit(make_chunk, i, nbytes) for i in range(chunks)]
     wait(futures)  # persisted, on the workers (no chunk comes to the client)
     persisted = time.perf_counter()
+    after_persist = run(bytes_written)
+    sums_start = time.perf_counter()
     for read in range(reads):
         got = [s.result() for s in [submit(total, future, read) for future in futures]]
         assert got == [nbytes * (i % 251) for i in range(chunks)], "wrong sums"
-    return {"persist_s": persisted - start, "sums_s": time.perf_counter() - persisted}, futures
+    sums_end = time.perf_counter()
+    after = run(bytes_written)
+    return {
+        "persist_s": persisted - start,
+        "sums_s": sums_end - sums_start,
+        "written_persist": sum(after_persist[w] - before[w] for w in before),
+        "written": sum(after[w] - before[w] for w in before),
+    }, futures
 
 
 def _run_apportion(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any]:
@@ -76,14 +98,13 @@ def _run_apportion(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str
         LocalCluster(n_workers=2, threads_per_worker=1) as cluster,
         Client(cluster) as client,
     ):
-        timing, futures = _workload(client.submit, wait, chunks, nbytes, reads)
+        timing, futures = _workload(client.submit, wait, client.run, chunks, nbytes, reads)
         peaks = client.run(peak_rss)
         time.sleep(1.5)  # the next heartbeat carries the spill counts
         info = [w["memory"] for w in client.scheduler_info()["workers"].values()]
         on_disk = sum(m.get("spilled_bytes", 0) for m in info)
-        written = sum(m.get("spilled_total", 0) for m in info)
         del futures
-    return {**timing, "peaks": sorted(peaks.values()), "spilled": on_disk, "written": written}
+    return {**timing, "peaks": sorted(peaks.values()), "spilled": on_disk}
 
 
 def _run_dask(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any]:
@@ -95,7 +116,7 @@ def _run_dask(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any
         ) as cluster,
         Client(cluster) as client,
     ):
-        timing, futures = _workload(client.submit, wait, chunks, nbytes, reads)
+        timing, futures = _workload(client.submit, wait, client.run, chunks, nbytes, reads)
         peaks = client.run(peak_rss)
         spilled = sum(client.run(dask_spilled).values())
         del futures
@@ -157,7 +178,11 @@ def _run_ray(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any]
         def ray_wait(refs: list[Ref]) -> None:
             ray.wait([r.ref for r in refs], num_returns=len(refs), fetch_local=False)
 
-        timing, futures = _workload(ray_submit, ray_wait, chunks, nbytes, reads)
+        def unmeasured(func: Any) -> dict[str, int]:  # Ray's spilling is its store's, not
+            return {}  # its task processes': the bytes on disk are printed instead
+
+        timing, futures = _workload(ray_submit, ray_wait, unmeasured, chunks, nbytes, reads)
+        del timing["written"], timing["written_persist"]
         spilled = sum(f.stat().st_size for f in spill_dir.rglob("*") if f.is_file())
         peaks = _ray_peaks()
         del futures
@@ -195,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         f"summed {opts.reads} times"
     )
     for system in opts.systems.split(","):
+        load = (
+            Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+        )
         env = {"PYTHONPATH": child_pythonpath(None), "APPORTION_LOG_LEVEL": "WARNING"}
         command = [sys.executable, "-m", "benchmarks.spill", *(argv or sys.argv[1:])]
         done = subprocess.run(
@@ -210,10 +238,16 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(done.stdout.strip().splitlines()[-1])
         worst = max(result["peaks"]) / limit
         print(
-            f"{system:>10}: persist {result['persist_s']:.1f} s, sums {result['sums_s']:.1f} s, "
+            f"{system:>10} (load {load}): persist {result['persist_s']:.1f} s, "
+            f"sums {result['sums_s']:.1f} s, "
             f"worker peaks {[round(p / 2**20) for p in result['peaks']]} MiB "
             f"({worst:.0%} of the limit), on disk at the end {result['spilled'] / 2**30:.2f} GiB"
-            + (f", written {result['written'] / 2**30:.2f} GiB" if "written" in result else "")
+            + (
+                f", written {result['written'] / 2**30:.2f} GiB "
+                f"({result['written_persist'] / 2**30:.2f} of it persisting)"
+                if "written" in result
+                else ""
+            )
         )
     return 0
 

@@ -1,7 +1,9 @@
 """What a worker does about its memory: pure decisions, no I/O.
 
-Fed with the process's resident memory (RSS), the bytes of results it holds in memory and
-whether it is paused, ``decide`` answers how many bytes of results to spill, whether to
+As a result is stored, ``beyond_target`` answers how many bytes of results to spill, by
+their sizes. Fed with the process's resident memory (RSS), the bytes of results it holds
+in memory and whether it is paused, ``decide`` (the memory monitor's, every
+``worker.memory.monitor-interval``) answers how many bytes of results to spill, whether to
 pause or resume, and whether to terminate; the worker (worker/server.py) measures and
 carries the answer out. The thresholds are fractions of the worker's memory limit, as in
 Dask (``worker.memory.*``); each may be disabled (None):
@@ -74,6 +76,13 @@ def decide(
     to_spill = min(to_spill, managed)  # only results can be spilled
     now_paused = pause is not None and rss >= pause * limit
     return Decision(to_spill, now_paused, False)
+
+
+def beyond_target(target_bytes: int, managed: int) -> int:
+    """Bytes of results to spill as one is stored: those held in memory beyond the target
+    (``target_bytes``), judged by their sizes alone, as Dask's spill buffer does; the
+    process's measure is the monitor's backstop (``decide``)."""
+    return max(managed - target_bytes, 0)
 
 
 def nearly_full(limit: int | None, rss: int, thresholds: Thresholds) -> bool:

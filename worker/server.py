@@ -106,14 +106,19 @@ class Worker:
         self.inline_limit = int(config.get("worker.inline-result-bytes"))
         # Results held here; spilled to disk under memory pressure (worker/spill.py).
         self.data: spill.SpillBuffer | None = None
-        if self.memory_limit is not None:
-            directory = config.get("worker.memory.spill-directory")
-            self.data = spill.SpillBuffer(spill.new_spill_directory(directory))
-        self._memory_stop = threading.Event()
         target = self.memory_thresholds.target
         self._target_bytes = (
             int(target * self.memory_limit) if target and self.memory_limit else 1 << 62
         )
+        if self.memory_limit is not None:
+            directory = config.get("worker.memory.spill-directory")
+            self.data = spill.SpillBuffer(
+                spill.new_spill_directory(directory), target=self._target_bytes
+            )
+        self._memory_stop = threading.Event()
+        # One measure-and-spill at a time (the monitor's thread, task threads after a run):
+        # each decides on a measure taken after the other's spill, not both on one.
+        self._spilling = threading.Lock()
         # What the worker runs, holds and fetches: a pure state machine (worker/state.py).
         # THE LOCK RULE: self.state is read and changed only with self._lock held, by the
         # event loop and by task threads alike; the instructions it returns are carried
@@ -330,14 +335,15 @@ class Worker:
         data, limit = self.data, self.memory_limit
         if data is None or limit is None:
             return
-        rss = memory.process_memory()
         paused = self.state.paused  # (a read of a bool: the lock is taken to change it)
-        decision = memory.decide(limit, rss, data.fast_bytes, paused, self.memory_thresholds)
-        if decision.terminate:
-            self._terminate(rss, limit)
-        if decision.spill:
-            freed = data.evict(decision.spill)
-            logger.debug("worker %s spilled %d bytes of results", self.name, freed)
+        with self._spilling:
+            rss = memory.process_memory()
+            decision = memory.decide(limit, rss, data.fast_bytes, paused, self.memory_thresholds)
+            if decision.terminate:
+                self._terminate(rss, limit)
+            if decision.spill:
+                freed = data.evict(decision.spill)
+                logger.debug("worker %s spilled %d bytes of results", self.name, freed)
         if decision.paused != paused:
             # Measured again after spilling: spilling may have been enough.
             rss = memory.process_memory()
@@ -356,6 +362,23 @@ class Worker:
                     format_size(limit),
                 )
                 self._loop_call(self._carry_out, instructions)
+
+    def spill_to_target(self) -> None:
+        """After a run (in its task thread): spill the results held in memory beyond
+        ``target``, by their sizes, as a result is stored (Dask's spill buffer does the
+        same). The process's own measure is the monitor's, as the backstop
+        (``check_memory``): it counts the interpreter and the runs' own memory besides the
+        results, so spilling on it after each run brought results below their target in
+        bursts of several writes before a task could start; by sizes, a run's result
+        sends about one out."""
+        data = self.data
+        if data is None:
+            return
+        with self._spilling:
+            excess = memory.beyond_target(self._target_bytes, data.fast_bytes)
+            if excess:
+                freed = data.evict(excess)
+                logger.debug("worker %s spilled %d bytes of results", self.name, freed)
 
     def _terminate(self, rss: int, limit: int) -> None:
         """Past the terminate threshold: exit at once, unannounced, as a crash, so that the
@@ -614,7 +637,7 @@ class Worker:
             if data is not None and data.fast_bytes > self._target_bytes:
                 # Results beyond the target: spilled now, before this thread starts the
                 # next task, not at the monitor's next look.
-                self.check_memory()
+                self.spill_to_target()
             with self._lock:
                 starts = self.state.free_run(task)
             task = None

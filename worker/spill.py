@@ -11,13 +11,19 @@ the file straight from their own memory (no copy into one pickle), and are read 
 one new buffer the rebuilt value's arrays are views of. (A ``bytes`` result is copied into
 its pickle: Python pickles bytes in band.)
 A file is removed when its key is released; a value read back keeps its file (results are
-not changed in place), so that evicting it again costs no write. Each worker spills into a
+not changed in place), so that evicting it again costs no write. So when memory is wanted,
+values that have their file still are dropped first (least recently used first), and only
+then are values written out: a pass over results larger than memory reads them back one
+after another without writing out the ones that never left memory. A value is written to
+its file without the store's lock held: readers, writers and the worker's state (which
+stores results under its own lock) never wait for the disk. Each worker spills into a
 directory of its own, named after its process and removed when it stops; directories
 left by workers that died are removed by the next worker to start on the host.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
@@ -65,8 +71,12 @@ def size_of(value: Any) -> int:
 class SpillBuffer(MutableMapping[str, Any]):
     """Results by key: the recently used in memory, the rest in files. Thread-safe."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, target: int | None = None) -> None:
         self.directory = Path(directory)
+        # Bytes in memory beyond which values that have their file still are dropped as
+        # soon as a value is stored or read back (dropping them costs no write, so it is
+        # done at once, under the lock); None: only when asked (``evict``).
+        self.target = target
         self._lock = threading.Lock()
         # In memory, least recently used first; with each one's weight.
         self.fast: OrderedDict[str, Any] = OrderedDict()
@@ -79,6 +89,10 @@ class SpillBuffer(MutableMapping[str, Any]):
         # Held in memory for good: they do not pickle (not tried again, nor logged again).
         self.unspillable: set[str] = set()
         self._made = False
+        self._closed = False
+        self._names = itertools.count()  # file names (next() is atomic: threads may write)
+        # Being written to their files now, by a thread not holding the lock.
+        self._writing: set[str] = set()
         # Since the start: values written out, read back, and their bytes.
         self.spilled_count = 0
         self.spilled_total = 0
@@ -135,47 +149,86 @@ class SpillBuffer(MutableMapping[str, Any]):
         return sum(spilled.nbytes for spilled in self.slow.values())
 
     def evict(self, nbytes: int) -> int:
-        """Write the least recently used values to disk until ``nbytes`` of memory are
-        freed (or nothing is left in memory); returns the bytes freed. A value that cannot
-        be pickled stays in memory (logged once), and the next one is tried."""
+        """Free at least ``nbytes`` of memory (or all that can be freed): values that still
+        have their file first, least recently used first, as dropping them costs nothing;
+        then the least recently used of the others, written out. Returns the bytes freed. A
+        value that cannot be pickled stays in memory (logged once), and the next is tried."""
         freed = 0
-        with self._lock:
-            for key in list(self.fast):
-                if freed >= nbytes:
+        tried: set[str] = set()  # written, or failed to be: not tried again in this call
+        while freed < nbytes:
+            with self._lock:
+                key = self._victim(tried)
+                if key is None:
                     break
-                if key not in self.unspillable:
-                    freed += self._spill(key)
+                copy = self.copies.pop(key, None)
+                if copy is not None:  # on disk already: only dropped from memory
+                    freed += self._to_disk(key, copy)
+                    continue
+                value = self.fast[key]
+                self._writing.add(key)
+                tried.add(key)
+            try:
+                spilled = self._write(key, value)  # without the lock: nobody waits for the disk
+                with self._lock:
+                    if self.fast.get(key) is not value:
+                        # Released (or replaced) while it was written: the file is not wanted.
+                        if spilled is not None:
+                            _remove(spilled.path)
+                    elif spilled is not None:
+                        self.spilled_count += 1
+                        self.spilled_total += self.weights[key]
+                        freed += self._to_disk(key, spilled)
+            finally:
+                self._writing.discard(key)
+                del value
         return freed
 
-    def _spill(self, key: str) -> int:
-        copy = self.copies.pop(key, None)
-        if copy is not None:  # on disk already: only dropped from memory
-            return self._to_disk(key, copy)
-        value = self.fast[key]
+    def _victim(self, tried: set[str]) -> str | None:
+        """The value to drop next (the lock held): the least recently used that has its
+        file still, else the least recently used that can be written and was not ``tried``
+        (None: none is left)."""
+        copies = self.copies
+        if copies:
+            for key in self.fast:
+                if key in copies:
+                    return key
+        writing, unspillable = self._writing, self.unspillable
+        for key in self.fast:
+            if key not in unspillable and key not in writing and key not in tried:
+                return key
+        return None
+
+    def _write(self, key: str, value: Any) -> Spilled | None:
+        """Pickle ``value`` into a new file; None if it cannot be (marked so, or kept as the
+        most recently used when the disk failed). Called without the lock."""
         buffers: list[pickle.PickleBuffer] = []
         try:
             # cloudpickle: results may be of classes defined in __main__, as task results are.
             header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
         except Exception as exc:
             logger.warning("result %s cannot be spilled (kept in memory): %r", key, exc)
-            self.unspillable.add(key)
-            return 0
-        path = self._path_for(key)
+            with self._lock:
+                if key in self.fast:
+                    self.unspillable.add(key)
+            return None
         views = [buffer.raw() for buffer in buffers]
+        path = None
         try:
+            path = self._path_for()
             with open(path, "wb") as file:
                 file.write(header)
                 for view in views:  # from the value's own memory: no copy
                     file.write(view)
         except OSError as exc:  # the disk is full, or gone: keep it in memory
+            if path is not None:
+                _remove(str(path))
+            with self._lock:
+                if key not in self.fast:
+                    return None  # released meanwhile (or the store closed): nothing lost
+                self.fast.move_to_end(key)
             logger.warning("result %s cannot be spilled to %s (kept in memory): %r", key, path, exc)
-            _remove(str(path))
-            self.fast.move_to_end(key)
-            return 0
-        spilled = Spilled(str(path), len(header), tuple(view.nbytes for view in views))
-        self.spilled_count += 1
-        self.spilled_total += self.weights[key]
-        return self._to_disk(key, spilled)
+            return None
+        return Spilled(str(path), len(header), tuple(view.nbytes for view in views))
 
     def _to_disk(self, key: str, spilled: Spilled) -> int:
         weight = self.weights.pop(key)
@@ -205,6 +258,19 @@ class SpillBuffer(MutableMapping[str, Any]):
         self.fast[key] = value
         self.weights[key] = weight
         self.fast_bytes += weight
+        if self.target is not None and self.fast_bytes > self.target and self.copies:
+            self._drop_copies(self.fast_bytes - self.target, but=key)
+
+    def _drop_copies(self, nbytes: int, but: str) -> int:
+        """Drop values that have their file still, least recently used first, other than
+        ``but``, until ``nbytes`` are freed; returns the bytes freed (the lock held)."""
+        freed = 0
+        copies = self.copies
+        for key in [key for key in self.fast if key in copies and key != but]:
+            if freed >= nbytes:
+                break
+            freed += self._to_disk(key, copies.pop(key))
+        return freed
 
     def _discard(self, key: str) -> None:
         if key in self.fast:
@@ -215,16 +281,19 @@ class SpillBuffer(MutableMapping[str, Any]):
         if spilled is not None:
             _remove(spilled.path)
 
-    def _path_for(self, key: str) -> Path:
+    def _path_for(self) -> Path:
+        if self._closed:  # (a spill begun as the worker stopped: no directory made again)
+            raise OSError(f"the spill directory {self.directory} is closed")
         if not self._made:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._made = True
         # Keys are free text: the file is named by a counter, the key lives in self.slow.
-        return self.directory / f"{self.spilled_count}.pkl"
+        return self.directory / f"{next(self._names)}.pkl"
 
     def close(self) -> None:
         """Drop every value and remove the directory (the worker stops)."""
         with self._lock:
+            self._closed = True
             self.fast.clear()
             self.weights.clear()
             self.fast_bytes = 0

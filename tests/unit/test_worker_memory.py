@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -237,3 +239,197 @@ def test_nearly_full_is_the_lower_spilling_level_reached() -> None:
     assert nearly_full(limit, 800, Thresholds(target=None, spill=None))  # pause then
     assert not nearly_full(limit, 999, Thresholds(None, None, None, 0.95))
     assert not nearly_full(None, 10**12, Thresholds())  # no limit: never
+
+
+# ------------------------------------------------- what is written, and who waits for it
+def _scan(store: SpillBuffer, keys: list[str], target: int) -> None:
+    """A pass over every result, as tasks reading each do, with the worker's spill after
+    each run (down to ``target``)."""
+    for key in keys:
+        store[key]
+        if store.fast_bytes > target:
+            store.evict(store.fast_bytes - target)
+
+
+def test_passes_over_spilled_results_write_nothing_that_stayed_in_memory(
+    tmp_path: Path,
+) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    target = 3 * MIB
+    keys = [f"chunk-{i}" for i in range(8)]
+    for i, key in enumerate(keys):  # persisted: the last three stay in memory
+        store[key] = np.full(MIB, i, dtype=np.uint8)
+        if store.fast_bytes > target:
+            store.evict(store.fast_bytes - target)
+    assert (store.spilled_count, store.spilled_total) == (5, 5 * MIB)
+    assert list(store.fast) == keys[5:]
+    for _ in range(2):
+        _scan(store, keys, target)
+    # Each pass read back the five on disk, dropping the copies read before: the three
+    # results that never left memory were not written out to make room.
+    assert (store.spilled_count, store.spilled_total) == (5, 5 * MIB)
+    assert store.unspilled_count == 10 and store.fast_bytes <= target
+    assert set(keys[5:]) <= set(store.fast)
+    for i, key in enumerate(keys):
+        np.testing.assert_array_equal(store[key], np.full(MIB, i, dtype=np.uint8))
+
+
+def test_a_read_back_beyond_the_target_drops_an_older_copy_at_once(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill", target=2 * MIB)
+    for name in "abc":
+        store[name] = np.full(MIB, ord(name), dtype=np.uint8)
+    store.evict(10**9)
+    store["a"], store["b"]
+    assert store.fast_bytes == 2 * MIB
+    store["c"]  # over the target: the copy of "a" (least recently used) goes, unwritten
+    assert list(store.fast) == ["b", "c"] and store.fast_bytes == 2 * MIB
+    assert store.spilled_count == 3 and "a" in store.slow
+    # A result never written is not dropped there: that takes a write (evict's).
+    store["d"] = np.zeros(MIB, dtype=np.uint8)
+    assert list(store.fast) == ["c", "d"] and store.spilled_count == 3
+
+
+def _fifo_spill(store: SpillBuffer, tmp_path: Path) -> tuple[int, Path]:
+    """Make the store's next spill file a pipe, opened for reading: the thread that spills
+    into it blocks in its write once the pipe is full, until the pipe is drained."""
+    directory = store.directory
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "0.pkl"
+    os.mkfifo(path)
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK), path
+
+
+def _drain(fd: int) -> bytes:
+    """Read the pipe until its writer closes it."""
+    chunks = []
+    while True:
+        readable, _, _ = select.select([fd], [], [], 60)
+        assert readable, "the spilling thread wrote nothing for 60 s"
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def test_nobody_waits_for_a_value_being_written_to_disk(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    array = np.arange(MIB, dtype=np.uint8)
+    store["a"] = array
+    store["b"] = b"b" * 100
+    fd, path = _fifo_spill(store, tmp_path)
+    spiller = threading.Thread(target=store.evict, args=(1,))
+    spiller.start()
+    try:
+        readable, _, _ = select.select([fd], [], [], 60)  # it is writing "a" now
+        assert readable
+        others: list[Any] = []
+
+        def use_the_store() -> None:
+            store["c"] = b"c" * 100
+            others.extend([store["a"] is array, store["b"], "c" in store, len(store)])
+
+        user = threading.Thread(target=use_the_store)
+        user.start()
+        user.join(30)  # a bound: waiting on the disk would keep it here
+        assert not user.is_alive(), "a store and a read waited for another value's write"
+        assert others == [True, b"b" * 100, True, 3]
+    finally:
+        written = _drain(fd)
+        spiller.join(60)
+        os.close(fd)
+    path.unlink()
+    path.write_bytes(written)  # what went through the pipe, as a file: read back from it
+    assert "a" in store.slow
+    np.testing.assert_array_equal(store["a"], array)
+
+
+def test_a_value_released_while_it_is_written_leaves_no_file(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    store["a"] = np.arange(MIB, dtype=np.uint8)
+    fd, path = _fifo_spill(store, tmp_path)
+    spiller = threading.Thread(target=store.evict, args=(1,))
+    spiller.start()
+    try:
+        readable, _, _ = select.select([fd], [], [], 60)
+        assert readable
+        releaser = threading.Thread(target=store.__delitem__, args=("a",))
+        releaser.start()
+        releaser.join(30)  # a bound: waiting on the disk would keep it here
+        assert not releaser.is_alive(), "the release waited for the value's write"
+    finally:
+        _drain(fd)
+        spiller.join(60)
+        os.close(fd)
+    assert len(store) == 0 and store.spilled_count == 0 and not path.exists()
+
+
+def test_two_threads_checking_memory_at_once_spill_once(tmp_path: Path) -> None:
+    from apportion.worker.server import Worker
+
+    settings = {
+        "worker.memory.spill-directory": str(tmp_path),
+        "worker.memory.spill": False,  # only the target decides: no measure of the process
+        "worker.memory.pause": False,
+        "worker.memory.terminate": False,
+    }
+    with config.set(settings):
+        worker = Worker("tcp://127.0.0.1:9", memory_limit=10 * MIB)
+    store = worker.data
+    assert store is not None
+    for i in range(4):  # 8 MiB against a target of 6: 2 MiB to spill
+        store[f"r{i}"] = np.full(2 * MIB, i, dtype=np.uint8)
+    fd, _ = _fifo_spill(store, tmp_path)
+    first = threading.Thread(target=worker.check_memory)  # the monitor's thread, say
+    first.start()
+    try:
+        readable, _, _ = select.select([fd], [], [], 60)  # writing the first result now
+        assert readable
+        # A task thread after its run, meanwhile: its measure must follow the first spill.
+        second = threading.Thread(target=worker.check_memory)
+        second.start()
+        second.join(2)  # (time enough to spill too, were it deciding on the same measure)
+    finally:
+        _drain(fd)
+        first.join(60)
+        os.close(fd)
+    second.join(60)
+    assert store.spilled_count == 1 and store.fast_bytes == 6 * MIB
+    store.close()
+
+
+def test_after_a_run_results_are_spilled_by_their_sizes_not_the_process_measure(
+    tmp_path: Path,
+) -> None:
+    from apportion.worker.server import Worker
+
+    settings = {
+        "worker.memory.spill-directory": str(tmp_path),
+        "worker.memory.pause": False,  # this process is far past the small limit
+        "worker.memory.terminate": False,
+    }
+    limit = 40 * MIB
+    assert process_memory() > 0.7 * limit  # so the process measure would spill it all
+    with config.set(settings):
+        worker = Worker("tcp://127.0.0.1:9", memory_limit=limit)
+    store = worker.data
+    assert store is not None
+    for i in range(4):  # 32 MiB of results against a target of 24
+        store[f"r{i}"] = np.full(8 * MIB, i, dtype=np.uint8)
+    worker.spill_to_target()
+    assert list(store.slow) == ["r0"] and store.fast_bytes == 24 * MIB
+    worker.spill_to_target()  # at the target: nothing more
+    assert store.spilled_count == 1
+    # The monitor's measure of the process is the backstop: it spills the rest.
+    worker.check_memory()
+    assert store.fast_bytes == 0
+    store.close()
+
+
+def test_results_beyond_the_target_are_what_a_stored_result_spills() -> None:
+    from apportion.worker.memory import beyond_target
+
+    assert beyond_target(600, 664) == 64
+    assert beyond_target(600, 600) == 0 and beyond_target(600, 10) == 0
