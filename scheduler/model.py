@@ -218,6 +218,20 @@ class WorkerState:
         return f"<Worker {self.name} {self.address}>"
 
 
+def resize_slots(ws: WorkerState, delta: int, with_slots: dict[WorkerState, None]) -> None:
+    """``ws`` is sent ``delta`` more runs at most (fewer when negative): its slots follow,
+    and its place among the workers with open slots (``with_slots``), unless it takes no
+    work now (paused, retiring or closing: its slots come back as ``max_slots``)."""
+    ws.max_slots += delta
+    if ws.retiring or ws.paused or ws.closing:
+        return
+    ws.slots = ws.max_slots
+    if len(ws.processing) < ws.slots:
+        with_slots[ws] = None
+    else:
+        with_slots.pop(ws, None)
+
+
 class Retirement:
     """One request to retire workers, answered once none of them is still ``waiting``.
 

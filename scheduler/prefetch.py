@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from apportion.scheduler.model import WorkerState
+from apportion.scheduler.model import WorkerState, resize_slots
 
 # Seconds of work a thread's queued runs add up to, at the deepest (for runs of the mean
 # run time): small next to any wait a person notices, long next to a round trip.
@@ -91,12 +91,5 @@ def hold_runs(state: SlotsHost, ws: WorkerState) -> None:
 
 
 def _set_depth(state: SlotsHost, ws: WorkerState, depth: int) -> None:
-    ws.max_slots += depth - ws.depth
+    resize_slots(ws, depth - ws.depth, state.with_slots)
     ws.depth = depth
-    if ws.slots == 0:
-        return  # takes no work now; slots come back as max_slots
-    ws.slots = ws.max_slots
-    if len(ws.processing) < ws.slots:
-        state.with_slots[ws] = None
-    else:
-        state.with_slots.pop(ws, None)

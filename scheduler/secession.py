@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from apportion.scheduler.adjustments import adjustments
+from apportion.scheduler.model import resize_slots
 
 from apportion.errors import ResourceDeadlockError
 from apportion.resources import Shape, fits, format_resources
@@ -232,15 +233,9 @@ class Secession:
         return held
 
     def _extra_slot(self, ws: WorkerState, delta: int) -> None:
-        ws.max_slots += delta
-        if not (ws.retiring or ws.paused or ws.closing):
-            ws.slots = ws.max_slots
-        if ws.address not in self.state.workers:
-            return
-        if len(ws.processing) < ws.slots:
-            self.state.with_slots[ws] = None
-        else:
-            self.state.with_slots.pop(ws, None)
+        state = self.state
+        # A worker gone meanwhile is counted, but not put back among those with slots.
+        resize_slots(ws, delta, state.with_slots if ws.address in state.workers else {})
 
 
 def _could_run(shape: Shape, ws: WorkerState, blockers: dict[str, list[SecededRun]]) -> bool:
