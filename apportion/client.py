@@ -505,9 +505,8 @@ class Client(metaclass=_ClientType):
             name = prefix or getattr(func, "__name__", type(func).__name__)
             if pure:
                 token = tokenize(func_bytes, args_bytes, _demand(options))
-            else:
-                table = self.future_table  # (impure keys: a counter, no uuid4 per task)
-                token = f"{table.key_prefix}{next(table.key_counter):012x}"
+            else:  # (impure keys: a counter, no uuid4 per task)
+                token = self.future_table.unique_token()
             key = f"{name}-{token}"
         elif not isinstance(key, str):
             raise TypeError(f"key must be a string, got {key!r}")

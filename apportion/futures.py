@@ -390,10 +390,15 @@ def states_of(futures: Iterable[Future]) -> list[FutureState]:
     return [future._state for future in futures]
 
 
+def _only_futures(obj: Any) -> bool:
+    """Whether ``obj`` is a plain list of futures and nothing else (what a map returns)."""
+    return type(obj) is list and all(type(item) is Future for item in obj)
+
+
 def collect_futures(obj: Any) -> list[Future]:
     """The futures in ``obj`` (a future, or lists, tuples, sets and dicts of them, nested).
     A list of futures only (a map's) is returned as it is, not copied: callers read it."""
-    if type(obj) is list and all(type(item) is Future for item in obj):
+    if _only_futures(obj):
         return obj
     out: list[Future] = []
     stack = [obj]
@@ -442,8 +447,7 @@ def wait(fs: Any, timeout: float | None = None, return_when: str = ALL_COMPLETED
         )
     # A list of futures only (a map's) needs no search for futures inside it: a set of
     # a million is made once, not after a dict of them as well.
-    plain = type(fs) is list and all(type(f) is Future for f in fs)
-    ordered = fs if plain else futures_of(fs)
+    ordered = fs if _only_futures(fs) else futures_of(fs)
     futures = set(ordered)
     if all(f.done() for f in futures):
         return DoneAndNotDone(futures, set())
