@@ -143,6 +143,7 @@ class WorkerState:
         "paused",
         "processing",
         "reserved_for",
+        "retired",
         "retiring",
         "run_mean",
         "slots",
@@ -184,6 +185,9 @@ class WorkerState:
         self.slots = self.max_slots
         # Chosen for removal (scale-down): no new work (slots 0) until stopped or kept.
         self.retiring = False
+        # Retired and still connected (``retire_workers(close_workers=False)``): out of
+        # service for good, so it no longer counts as a worker that could run anything.
+        self.retired = False
         # run_id -> task. Entries stay until the worker reports the run over, even when
         # the task was cancelled meanwhile: that is when its resources are really free.
         self.processing: dict[int, TaskState] = {}

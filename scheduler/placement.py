@@ -40,7 +40,12 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from apportion.scheduler.restrictions import RestrictedShape, explain_restricted, is_restricted
+from apportion.scheduler.restrictions import (
+    RestrictedShape,
+    explain_restricted,
+    is_restricted,
+    suits,
+)
 
 from apportion.resources import TOLERANCE, Shape, fits, format_resources
 
@@ -238,8 +243,21 @@ def pick_reservation(ts: TaskState, fitting: Iterable[WorkerState]) -> WorkerSta
 
 def explain_no_worker(shape: Shape, workers: Iterable[WorkerState], waiting: bool = True) -> str:
     """Say why no live worker could ever run a demand, naming the largest offers (and,
-    while ``waiting``, that the task waits for one)."""
+    while ``waiting``, that the task waits for one), and the retired workers that would
+    have run it."""
     workers = list(workers)
+    retired = sorted(ws.name for ws in workers if ws.retired and suits(shape, ws))
+    if retired:
+        why = (
+            f"the only workers that could run it ({', '.join(map(repr, retired))}) are "
+            "retired: a worker retired with close_workers=False stays connected but takes "
+            "no new work"
+        )
+        return f"{why}; the task waits until a worker that fits joins" if waiting else why
+    return _explain_in_service(shape, [ws for ws in workers if not ws.retired], waiting)
+
+
+def _explain_in_service(shape: Shape, workers: list[WorkerState], waiting: bool) -> str:
     if isinstance(shape, RestrictedShape) and not shape.loose:
         return explain_restricted(shape, workers, waiting)
     demand = format_resources(dict(shape))

@@ -88,8 +88,14 @@ def is_restricted(shape: Shape) -> bool:
 
 
 def placeable(shape: Shape, ws: WorkerState) -> bool:
-    """Whether ``ws`` could ever run a task of ``shape``: its totals cover the demand and,
-    for a strict restriction, it is one of the listed workers."""
+    """Whether ``ws`` could ever run a task of ``shape``: it is in service (not retired)
+    and ``suits`` it."""
+    return not ws.retired and suits(shape, ws)
+
+
+def suits(shape: Shape, ws: WorkerState) -> bool:
+    """Whether ``ws``'s totals cover the demand of ``shape`` and, for a strict
+    restriction, it is one of the listed workers."""
     if not fits(shape, ws.total):
         return False
     if type(shape) is RestrictedShape and not shape.loose:

@@ -48,6 +48,8 @@ class RetirementHost(Protocol):
 
     def _fill(self, ws: WorkerState) -> None: ...
 
+    def refit(self, ws: WorkerState, why: str) -> None: ...
+
 
 def start_retiring(
     state: RetirementHost, requester: str, reply_id: Any, names: list[str], count: int | None = None
@@ -221,6 +223,12 @@ def _settle(state: RetirementHost, ws: WorkerState, kept_because: str | None) ->
                 retirement.retired.append(ws.name)
             else:
                 retirement.kept[ws.name] = kept_because
+    if kept_because is None and state.workers.get(ws.address) is ws:
+        # Retired for good, though it may stay connected (not closed by the request): what
+        # only it could run waits in no-worker, its clients told, instead of queued for a
+        # slot that never opens. (While retiring it might still be kept: not before.)
+        ws.retired = True
+        state.refit(ws, f"its only fitting worker {ws.name} retired")
 
 
 def retirement_lost(state: RetirementHost, ws: WorkerState, reason: str) -> None:

@@ -1528,6 +1528,7 @@ class SchedulerState:
                     "memory_limit": ws.memory_limit,
                     "processing": len(ws.processing),
                     "retiring": ws.retiring,
+                    "retired": ws.retired,
                     "status": "closing" if ws.closing else "paused" if ws.paused else "running",
                     "memory": dict(ws.memory),
                     "in_memory": len(ws.has_what),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from apportion import Client, LocalCluster
+from apportion import Client, LocalCluster, NoValidWorkerError, config
 from tests.conftest import wait_until
 from tests.integration.tasks import inc, unique_result, wait_for_file
 
@@ -149,4 +149,20 @@ def test_a_retired_worker_closes_and_is_not_restarted_unless_asked_to_stay() -> 
         # The nanny leaves the closed worker alone; the cluster lists only what runs.
         assert cluster.workers[name].process is process
         assert f"{name}(" not in repr(cluster) and "c(" in repr(cluster)
+        assert client.check_invariants() == []
+
+
+def test_a_task_only_a_retired_worker_still_connected_could_run_fails_after_the_timeout() -> None:
+    """Not queued for ever for a worker that takes no work: it fails after the no-worker
+    timeout, saying the worker is retired (the warning is tested on the state machine)."""
+    with config.set({"scheduler.no-worker-timeout": 1}):
+        cluster = LocalCluster(workers=TWO_WORKERS)
+    with cluster, Client(cluster) as client:
+        assert client.retire_workers(["a"], close_workers=False) == {"retired": ["a"], "kept": {}}
+        assert _workers(client)["a"]["retired"]
+        strict = client.submit(inc, 1, workers=["a"])
+        with pytest.raises(NoValidWorkerError, match=r"\('a'\) are retired"):
+            strict.result(timeout=30)
+        # Work any worker may run goes on on the one in service.
+        assert client.submit(inc, 1).result(timeout=30) == 2
         assert client.check_invariants() == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.sim import FakeClock, Sim
+from tests.unit.sim import FakeClock, Sim, task
 
 
 @pytest.fixture
@@ -91,6 +91,7 @@ def test_an_idle_worker_holding_nothing_needed_is_retired_at_once(sim: Sim) -> N
     assert sim.retire("a", "b", count=1) == ["a"]
     assert sim.retire_reply() == {"retired": ["a"], "kept": {}}
     assert sim.state.info()["workers"]["a"]["retiring"]
+    assert sim.state.info()["workers"]["a"]["retired"]
 
 
 def test_a_result_copied_to_a_worker_that_is_then_retired_is_copied_again(sim: Sim) -> None:
@@ -239,3 +240,52 @@ def test_unknown_names_are_refused_by_name_and_nothing_changes(sim: Sim) -> None
         sim.retire("a", "nope", "ghost")
     assert not sim.state.workers["a"].retiring
     assert sim.state.retirements == []
+
+
+# ------------------------------------------------------------ retired but still connected
+def test_tasks_only_a_retired_worker_could_run_wait_in_no_worker_and_the_client_is_told(
+    sim: Sim,
+) -> None:
+    """A worker retired without being closed stays connected and takes no work for good:
+    what only it could run waits in no-worker (the client told why), not queued for ever."""
+    sim.add_worker("a", {"A": 1})
+    sim.add_worker("b")
+    queued_before = task("queued-before", resources={"A": 1})
+    sim.submit_many([task("busy", resources={"A": 1}), queued_before])
+    sim.retire("a")
+    assert sim.retire_reply() is None  # "busy" still runs there
+    sim.finish("busy")
+    sim.acquired("b", "busy")  # its result copied off
+    assert sim.retire_reply() == {"retired": ["a"], "kept": {}}
+    sim.submit_many([{**task("strict"), "workers": ["a"]}, task("by-demand", resources={"A": 1})])
+    states = sim.states()
+    assert [states[k] for k in ("queued-before", "strict", "by-demand")] == ["no-worker"] * 3
+    notices = sim.client_messages("no-worker")
+    assert sorted(k for m in notices for k in m["keys"]) == ["by-demand", "queued-before", "strict"]
+    said = "the only workers that could run it ('a') are retired"
+    assert all(said in m["why"] for m in notices), notices
+    # Any worker that fits joining runs them, as for any task in no-worker.
+    sim.add_worker("c", {"A": 1})
+    assert sim.states()["queued-before"] == "processing"
+    assert sim.state.check_invariants() == []
+
+
+def test_a_worker_kept_in_service_keeps_its_queued_tasks() -> None:
+    """While a retirement may still end with the worker kept, what only it can run stays
+    queued for it (no notice); kept, the worker runs it."""
+    clock = FakeClock()
+    sim = Sim(clock=clock)
+    sim.add_client("c")
+    sim.add_worker("a", {"A": 1})
+    sim.add_worker("b")
+    sim.submit_many([task("busy", resources={"A": 1}), task("next", resources={"A": 1})])
+    sim.retire("a")
+    assert sim.states()["next"] == "queued"
+    clock.now = sim.state.retire_timeout + 1
+    sim.state.check_timeouts()
+    sim.step()
+    reply = sim.retire_reply()
+    assert reply is not None and "a" in reply["kept"]
+    sim.finish("busy")
+    assert sim.states()["next"] == "processing"
+    assert sim.client_messages("no-worker") == []
