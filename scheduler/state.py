@@ -52,6 +52,7 @@ from apportion.scheduler.placement import (
 )
 from apportion.scheduler.placement_groups import BundleShape, PlacementGroups, holding
 from apportion.scheduler.prefetch import note_run
+from apportion.scheduler.pushes import inputs_to_push, push_message
 from apportion.scheduler.recovery import WorkerReport
 from apportion.scheduler.restrictions import (
     describe,
@@ -1123,10 +1124,16 @@ class SchedulerState:
             message["notify"] = self._names(ts.who_wants)
         # Left out when empty or zero (the worker's defaults): most tasks have none of them.
         if ts.dependencies:
-            message["deps"] = {d.key: self._names(d.who_has) for d in ts.dependencies}
+            message["deps"] = deps = {d.key: self._names(d.who_has) for d in ts.dependencies}
             inline = self.small_results.for_task(ts.dependencies)
             if inline:
                 message["inline"] = inline
+            # Inputs on other workers: their holders send them as the task goes out.
+            pushed = inputs_to_push(ts, ws, deps, inline, self.workers)
+            if pushed:
+                message["pushed"] = pushed
+                for key in pushed:
+                    self.outbox[deps[key][0]].append(push_message(key, ws))
         if shape:
             message["resources"] = dict(shape)
         if ts.priority:
