@@ -73,6 +73,7 @@ from apportion.scheduler.retirement import (
     start_retiring,
 )
 from apportion.scheduler.small_results import SmallResults
+from apportion.scheduler.stored_arguments import take_stored
 from apportion.scheduler.tenants import DEFAULT_TENANT, TenantShares, tenant_of
 
 from apportion import config
@@ -329,6 +330,8 @@ class SchedulerState:
             tasks[key] = ts
             if "timeout" in spec:
                 ts.timeout = spec["timeout"]
+            if "stored" in spec and not recover and take_stored(self, ts, spec):
+                continue  # held where its client put it: nothing to run
             if refused is not None:
                 self._fail(ts, refused)
                 continue
@@ -817,6 +820,17 @@ class SchedulerState:
         ts.func, ts.args = func, args
         ts.shape = self._shapes.setdefault(shape, shape)
         self._make_ready(ts)
+
+    def hold_without_run(self, ts: TaskState, ws: WorkerState, nbytes: int, why: str) -> None:
+        """``ts``, new, is held on ``ws`` from now on, ``nbytes`` pickled, made by no run
+        (a value its client put there): its clients hear it finished."""
+        ts.nbytes = nbytes
+        ts.who_has = self._with(ts.who_has, ws)
+        ws.has_what.add(ts)
+        self._set_state(ts, "memory", why)
+        finished = self._finished_message(ts, None)
+        for wanter in ts.who_wants:
+            self.send(wanter, finished)
 
     def refit(self, ws: WorkerState, why: str) -> None:
         """``ws``'s totals changed (``why``): which demands it fits is worked out again;

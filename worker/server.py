@@ -513,6 +513,9 @@ class Worker:
                 self.peers.drop(message["address"])
                 with self._lock:  # and what it was to push here is fetched elsewhere
                     instructions = self.state.pusher_left(message["address"])
+            elif op == "adopt-stored":  # a client's stored argument is a result from now on
+                self._adopt_stored(message["key"], message.get("nbytes", 0))
+                continue
             elif op == "push-data":  # a task taking this result was sent to a peer
                 self._push(message)
                 continue
@@ -997,6 +1000,18 @@ class Worker:
             raise TypeError(f"put-data needs a string key, got {key!r}")
         self.stored.put(key, loads_value(message["data"]), owner=comm)
         comm.send({"op": "stored", "id": message.get("id"), "key": key})
+
+    def _adopt_stored(self, key: str, nbytes: int) -> None:
+        """Hold a client's stored argument as the result of its key, as the scheduler
+        counts it already (scheduler/stored_arguments.py). Gone (its client's connection
+        here ended): a task taking it misses it here, and the scheduler makes it again."""
+        try:
+            value = self.stored.take(key)
+        except LookupError as exc:
+            logger.info("%s", exc)
+            return
+        with self._lock:
+            self.state.adopt(key, value, nbytes)
 
     def _name_stored(self, comm: Comm, message: Message) -> None:
         """Give a client's stored argument, put under a name of its own, its key."""

@@ -535,6 +535,11 @@ class WorkerState:
         seconds = PUSH_WAIT_S + nbytes / PUSH_WAIT_BYTES_PER_S
         return AwaitPush(key, pending.pusher, seconds, pending.push_serial)
 
+    def adopt(self, key: str, value: Any, nbytes: int) -> None:
+        """Hold ``value`` as ``key``'s result, made by no run here: the scheduler counts it
+        as held here already (a client's stored argument)."""
+        self._hold(key, value, nbytes)
+
     def pushed(self, key: str, value: Any, nbytes: int) -> list[Instruction]:
         """A peer sent ``key`` unasked (the scheduler told it to, with a task here taking
         it): as a fetched input when a task awaits it (pushed or fetched); dropped when held

@@ -628,3 +628,11 @@ def test_a_late_push_is_fetched_from_every_holder_and_an_earlier_wait_ends_nothi
     node.apply(node.state.pushed("x", 7, 10))
     assert node.started == ["y", "z"]
     assert node.apply(node.state.fetched("x", 7, node.state.epoch)) == []
+
+
+def test_a_stored_argument_adopted_here_is_held_and_serves_the_task_taking_it() -> None:
+    node = Node()
+    node.state.adopt("arg", b"value", 5)
+    node.compute("use", deps={"arg": ["w"]})
+    assert node.fetches == [] and node.started == ["use"] and node.sent == []
+    assert node.state.registration_report()["held"] == {"arg": 5}
