@@ -35,17 +35,19 @@ def inputs_to_push(
     """The inputs of ``ts``, sent to ``ws``, that their first holder in ``deps`` (key ->
     holders' addresses) should push there, by pickled size."""
     pushed: dict[str, int] = {}
-    others = None
+    arriving: set[TaskState] | None = None  # the inputs of the worker's other runs
     for dep in ts.dependencies:
         if ws in dep.who_has or (inline is not None and dep.key in inline):
             continue
         holders = deps[dep.key]
-        pusher = workers.get(holders[0]) if holders else None
-        if pusher is None:
+        if not holders or holders[0] not in workers:
             continue
-        if others is None:
-            others = [run for run in ws.processing.values() if run is not ts]
-        if any(dep in run.dependencies for run in others):
+        if arriving is None:
+            arriving = set()
+            for run in ws.processing.values():
+                if run is not ts:
+                    arriving.update(run.dependencies)
+        if dep in arriving:
             continue  # on its way there already, for another run
         pushed[dep.key] = dep.nbytes
     return pushed
