@@ -583,6 +583,7 @@ class Client(metaclass=_ClientType):
                 self._stored_on[key] = holder
                 self._stored_bytes[key] = len(payload)
             take = self._options({}, 0, options.get("priority", 0), holder)
+            take["stored"] = len(payload)  # held there at once (scheduler/stored_arguments.py)
             spec, future = self._prepare(stored_argument, (key,), {}, key, True, take)
             if spec is not None:
                 self._enqueue([spec])  # before the task that depends on it
@@ -749,7 +750,8 @@ class Client(metaclass=_ClientType):
     def _restored_spec(self, spec: Message, value: Any, holder: str | None) -> Message:
         """The task of a stored argument taken from ``holder``, or with no holder,
         carrying its value."""
-        spec = {k: v for k, v in spec.items() if k not in ("workers", "allow_other_workers")}
+        dropped = ("workers", "allow_other_workers", "stored")  # (run as a task now)
+        spec = {k: v for k, v in spec.items() if k not in dropped}
         if holder is not None:
             spec.update(worker_restriction(holder, False))
         else:

@@ -169,7 +169,8 @@ class Scheduler:
                 "registered; give each worker a unique --name",
             )
             return
-        info: dict[str, Any] = {k: hello[k] for k in ("pid", "host") if k in hello}
+        # (shared_host: which processes may map its results, for pushes: scheduler/pushes.py)
+        info: dict[str, Any] = {k: hello[k] for k in ("pid", "host", "shared_host") if k in hello}
         comm.send(welcome(comm, scheduler=self.address))
         report, early = None, []
         if hello.get("report"):  # what it holds and runs comes first (see scheduler/recovery.py)

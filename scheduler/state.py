@@ -52,6 +52,7 @@ from apportion.scheduler.placement import (
 )
 from apportion.scheduler.placement_groups import BundleShape, PlacementGroups, holding
 from apportion.scheduler.prefetch import note_run
+from apportion.scheduler.pushes import inputs_to_push, push_message
 from apportion.scheduler.recovery import WorkerReport
 from apportion.scheduler.restrictions import (
     describe,
@@ -72,6 +73,7 @@ from apportion.scheduler.retirement import (
     start_retiring,
 )
 from apportion.scheduler.small_results import SmallResults
+from apportion.scheduler.stored_arguments import take_stored
 from apportion.scheduler.tenants import DEFAULT_TENANT, TenantShares, tenant_of
 
 from apportion import config
@@ -328,6 +330,8 @@ class SchedulerState:
             tasks[key] = ts
             if "timeout" in spec:
                 ts.timeout = spec["timeout"]
+            if "stored" in spec and not recover and take_stored(self, ts, spec):
+                continue  # held where its client put it: nothing to run
             if refused is not None:
                 self._fail(ts, refused)
                 continue
@@ -817,6 +821,17 @@ class SchedulerState:
         ts.shape = self._shapes.setdefault(shape, shape)
         self._make_ready(ts)
 
+    def hold_without_run(self, ts: TaskState, ws: WorkerState, nbytes: int, why: str) -> None:
+        """``ts``, new, is held on ``ws`` from now on, ``nbytes`` pickled, made by no run
+        (a value its client put there): its clients hear it finished."""
+        ts.nbytes = nbytes
+        ts.who_has = self._with(ts.who_has, ws)
+        ws.has_what.add(ts)
+        self._set_state(ts, "memory", why)
+        finished = self._finished_message(ts, None)
+        for wanter in ts.who_wants:
+            self.send(wanter, finished)
+
     def refit(self, ws: WorkerState, why: str) -> None:
         """``ws``'s totals changed (``why``): which demands it fits is worked out again;
         queued tasks no worker could run any longer wait in no-worker, and those waiting
@@ -1123,10 +1138,16 @@ class SchedulerState:
             message["notify"] = self._names(ts.who_wants)
         # Left out when empty or zero (the worker's defaults): most tasks have none of them.
         if ts.dependencies:
-            message["deps"] = {d.key: self._names(d.who_has) for d in ts.dependencies}
+            message["deps"] = deps = {d.key: self._names(d.who_has) for d in ts.dependencies}
             inline = self.small_results.for_task(ts.dependencies)
             if inline:
                 message["inline"] = inline
+            # Inputs on other workers: their holders send them as the task goes out.
+            pushed = inputs_to_push(ts, ws, deps, inline, self.workers)
+            if pushed:
+                message["pushed"] = pushed
+                for key in pushed:
+                    self.outbox[deps[key][0]].append(push_message(key, ws))
         if shape:
             message["resources"] = dict(shape)
         if ts.priority:

@@ -27,6 +27,7 @@ _TASK_FIELDS = frozenset(
         "allow_other_workers",
         "placement_group",  # the group and bundle it runs in (placement_groups.py)
         "bundle_index",
+        "stored",  # a client's value on its one worker, this key's (stored_arguments.py)
     }
 )
 
@@ -111,6 +112,10 @@ def _task_problem(task: Any, seen: set[str]) -> str | None:
             return f"task {key!r}: 'workers' must be a list of worker names or addresses"
         if type(task.get("allow_other_workers", False)) is not bool:
             return f"task {key!r}: 'allow_other_workers' must be true or false"
+    if "stored" in task:
+        stored, workers = task["stored"], task.get("workers")
+        if not _is_int(stored) or stored < 0 or not isinstance(workers, list) or len(workers) != 1:
+            return f"task {key!r}: 'stored' must be a size in bytes, with one of 'workers'"
     if "placement_group" in task:
         if type(task["placement_group"]) is not str:
             return f"task {key!r}: 'placement_group' must be a group's id (a string)"

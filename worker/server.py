@@ -20,6 +20,7 @@ from typing import Any
 
 from apportion.worker import memory, output, readiness, secession, spill, stored, transfers, uploads
 from apportion.worker.state import (
+    AwaitPush,
     Execute,
     Fetch,
     Instruction,
@@ -212,6 +213,8 @@ class Worker:
             "memory_limit": self.memory_limit,
             "pid": os.getpid(),
             "host": socket.gethostname(),
+            # Which processes may map our results (empty: none): for the scheduler's pushes.
+            "shared_host": self.shared.host,
         }
         timeout = float(config.get("worker.connect-timeout"))
         loop = asyncio.get_running_loop()
@@ -508,6 +511,13 @@ class Worker:
                 continue
             elif op == "worker-left":  # removed by the scheduler: fetches from it end
                 self.peers.drop(message["address"])
+                with self._lock:  # and what it was to push here is fetched elsewhere
+                    instructions = self.state.pusher_left(message["address"])
+            elif op == "adopt-stored":  # a client's stored argument is a result from now on
+                self._adopt_stored(message["key"], message.get("nbytes", 0))
+                continue
+            elif op == "push-data":  # a task taking this result was sent to a peer
+                self._push(message)
                 continue
             elif op == "close":  # retired, its results copied elsewhere: the process ends
                 background(self.close(str(message.get("reason", "told to close"))))
@@ -537,6 +547,9 @@ class Worker:
                 self._send(instruction.message)
             elif isinstance(instruction, Fetch):
                 background(self._fetch(instruction))
+            elif isinstance(instruction, AwaitPush):
+                assert self._loop is not None
+                self._loop.call_later(instruction.seconds, self._push_overdue, instruction)
             else:  # the Send of the same message follows
                 self._tell_clients(instruction)
 
@@ -591,6 +604,73 @@ class Worker:
         with self._lock:
             instructions = self.state.fetch_unloadable(fetch.key, fetch.epoch, exception, text)
         self._carry_out(instructions)
+
+    # ------------------------------------------------------------------ pushes
+    # A result sent to a peer unasked, as the scheduler sends that peer a task taking it
+    # (scheduler/pushes.py): the reply its request would have had, without the request.
+    def _push(self, message: Message) -> None:
+        key, to = message["key"], message["to"]
+        request: Message = {"keys": [key]}
+        if message.get("host"):  # the receiver's: a peer of this host maps shared memory
+            request["host"] = message["host"]
+        reply = self._data_reply(request)
+        del reply["id"]
+        if key in reply["data"] or key in reply.get("shared", ()):
+            reply["op"] = "pushed-data"
+            reply["sent"] = [shared_memory.host_identity(), time.perf_counter()]
+        else:  # freed here meanwhile: the receiver fetches it from another holder
+            reply = {"op": "push-failed"}
+        reply["key"], reply["from"] = key, self.address
+        background(self._push_to(to, reply))
+
+    async def _push_to(self, address: str, message: Message) -> None:
+        """Send ``message`` to the peer at ``address``, connecting first if need be (a
+        peer that cannot be reached is left to its own wait: see ``_push_overdue``)."""
+        await self.peers.open(address)
+        self.peers.send_if_open(address, message)
+
+    def _take_push(self, message: Message) -> None:
+        """A result a peer pushed here (``pushed-data``), or its word that it will not
+        (``push-failed``)."""
+        key, pusher = message["key"], message["from"]
+        payloads, segments, _ = shared_memory.read_data_reply(message)
+        payload = payloads.get(key)
+        if payload is None:  # not held there, or its shared copy does not map here
+            with self._lock:
+                instructions = self.state.push_missed(key, pusher)
+            self._carry_out(instructions)
+            return
+        segment = segments.get(key)
+        size = len(payload)
+        clock, sent = message.get("sent") or ("", 0.0)
+        if segment is None and clock and clock == shared_memory.host_identity():
+            # (one clock for the processes of a host: from the push to its arrival here)
+            transfers.count_fetch(size, time.perf_counter() - sent)
+        try:
+            value = loads_value(payload)
+        except Exception as exc:
+            del payload, segment
+            self._unloadable(Fetch(key, [pusher], self.state.epoch), pusher, exc)
+            return
+        del payload
+        if segment is not None:
+            self.shared.hold(key, segment, value)
+        with self._lock:
+            instructions = self.state.pushed(key, value, size)
+        del value
+        self._carry_out(instructions)
+
+    def _push_overdue(self, waited: AwaitPush) -> None:
+        with self._lock:
+            instructions = self.state.push_missed(waited.key, waited.pusher, waited.serial)
+        if instructions:
+            logger.info(
+                "%s, pushed by %s, not here after %.1fs: fetching it",
+                waited.key,
+                waited.pusher,
+                waited.seconds,
+            )
+            self._carry_out(instructions)
 
     async def _get_from(
         self, holder: str, key: str
@@ -895,6 +975,8 @@ class Worker:
                         self._name_stored(comm, message)
                     elif op == "drop-data" and hello["role"] == "client":
                         self.stored.drop(message["keys"])
+                    elif op in ("pushed-data", "push-failed") and hello["role"] == "peer":
+                        self._take_push(message)
                     else:
                         raise ProtocolError(f"unknown {hello['role']} operation {op!r}")
                 # The replies leave now, not on the loop's next tick: the peer waits on them.
@@ -918,6 +1000,18 @@ class Worker:
             raise TypeError(f"put-data needs a string key, got {key!r}")
         self.stored.put(key, loads_value(message["data"]), owner=comm)
         comm.send({"op": "stored", "id": message.get("id"), "key": key})
+
+    def _adopt_stored(self, key: str, nbytes: int) -> None:
+        """Hold a client's stored argument as the result of its key, as the scheduler
+        counts it already (scheduler/stored_arguments.py). Gone (its client's connection
+        here ended): a task taking it misses it here, and the scheduler makes it again."""
+        try:
+            value = self.stored.take(key)
+        except LookupError as exc:
+            logger.info("%s", exc)
+            return
+        with self._lock:
+            self.state.adopt(key, value, nbytes)
 
     def _name_stored(self, comm: Comm, message: Message) -> None:
         """Give a client's stored argument, put under a name of its own, its key."""

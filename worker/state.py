@@ -228,19 +228,39 @@ class Resume(NamedTuple):
     task: WorkerTask
 
 
-Instruction = Execute | Send | TellClients | Fetch | Resume
+class AwaitPush(NamedTuple):
+    """``key`` is on its way from ``pusher``, told by the scheduler to send it here (no
+    request to make): past ``seconds`` without it, call ``push_missed`` with ``serial``."""
+
+    key: str
+    pusher: str
+    seconds: float
+    serial: int
+
+
+Instruction = Execute | Send | TellClients | Fetch | Resume | AwaitPush
+
+# How long an input the scheduler had pushed here may take before it is fetched as any
+# other: a lost pusher or connection is told sooner (``push_missed`` from the edge); this
+# bounds the cases nothing tells of (a pusher that cannot connect here). Seconds, plus one
+# per PUSH_WAIT_BYTES_PER_S of the input, so a large one in flight is not asked for twice.
+PUSH_WAIT_S = 5.0
+PUSH_WAIT_BYTES_PER_S = 50e6
 
 
 class _Fetching:
     """One result on its way from peers: the tasks waiting for it, and whether the
     scheduler asked for a copy of it (``acquire-data``)."""
 
-    __slots__ = ("acquire", "holders", "waiting")
+    __slots__ = ("acquire", "holders", "push_serial", "pusher", "waiting")
 
     def __init__(self, holders: list[str]) -> None:
         self.holders = holders
         self.waiting: list[WorkerTask] = []
         self.acquire = False
+        # The peer the scheduler told to send it here (no request made), while awaited.
+        self.pusher: str | None = None
+        self.push_serial = 0
 
 
 class WorkerState:
@@ -286,6 +306,7 @@ class WorkerState:
         # Keys the scheduler freed while a task here still needed them: gone when it ends.
         self.doomed: set[str] = set()
         self.fetching: dict[str, _Fetching] = {}
+        self._push_serials = 0
         # The latest changes of tasks' statuses, all tasks together (see story()).
         self._story: deque[StoryEntry] = deque(maxlen=story_length)
 
@@ -311,6 +332,8 @@ class WorkerState:
             return self._start("compute")
         instructions: list[Instruction] = []
         needed, data = self.needed, self.data
+        # Inputs the scheduler told their holder to send here, by their pickled size.
+        pushed: dict[str, int] = message.get("pushed") or {}
         for key, holders in task.deps.items():
             needed[key] = needed.get(key, 0) + 1
             if key in data:
@@ -323,7 +346,10 @@ class WorkerState:
             pending = self.fetching.get(key)
             if pending is None:
                 pending = self.fetching[key] = _Fetching(holders)
-                instructions.append(Fetch(key, holders, self.epoch))
+                if key in pushed and holders:
+                    instructions.append(self._await_push(pending, key, pushed[key]))
+                else:
+                    instructions.append(Fetch(key, holders, self.epoch))
             pending.waiting.append(task)
         task.fetched = len(task.missing)
         if not task.missing:
@@ -499,6 +525,54 @@ class WorkerState:
                 continue  # cancelled meanwhile
             self._drop(task, "fetch-unloadable")
             instructions.append(Send(erred_message(task, exception, traceback)))
+        return instructions
+
+    # ------------------------------------------------------------------- pushes
+    def _await_push(self, pending: _Fetching, key: str, nbytes: int) -> AwaitPush:
+        pending.pusher = pending.holders[0]  # the scheduler names the pusher first
+        self._push_serials += 1
+        pending.push_serial = self._push_serials
+        seconds = PUSH_WAIT_S + nbytes / PUSH_WAIT_BYTES_PER_S
+        return AwaitPush(key, pending.pusher, seconds, pending.push_serial)
+
+    def adopt(self, key: str, value: Any, nbytes: int) -> None:
+        """Hold ``value`` as ``key``'s result, made by no run here: the scheduler counts it
+        as held here already (a client's stored argument)."""
+        self._hold(key, value, nbytes)
+
+    def pushed(self, key: str, value: Any, nbytes: int) -> list[Instruction]:
+        """A peer sent ``key`` unasked (the scheduler told it to, with a task here taking
+        it): as a fetched input when a task awaits it (pushed or fetched); dropped when held
+        here already; and when it came before its task, held as a copy the scheduler hears
+        of, as any fetched one (it frees it when no task here needs it)."""
+        if key in self.data:
+            return []  # a copy that came another way first
+        if key in self.fetching:
+            return self.fetched(key, value, self.epoch, nbytes)
+        self.data[key] = value
+        self.nbytes[key] = nbytes
+        return [Send({"op": "data-acquired", "key": key, "replica": True})]
+
+    def push_missed(self, key: str, pusher: str, serial: int | None = None) -> list[Instruction]:
+        """The push of ``key`` from ``pusher`` will not come (it does not hold it, or it
+        left), or took too long (``serial``: the wait that ran out): fetched from its
+        holders then, as any input (the pusher last, or not at all when it is gone)."""
+        pending = self.fetching.get(key)
+        if pending is None or pending.pusher != pusher:
+            return []
+        if serial is not None and pending.push_serial != serial:
+            return []  # a wait for an earlier push of the key
+        pending.pusher = None
+        holders = [holder for holder in pending.holders if holder != pusher]
+        if serial is not None:
+            holders.append(pusher)  # only late: it may still answer a request
+        return [Fetch(key, holders, self.epoch)]
+
+    def pusher_left(self, address: str) -> list[Instruction]:
+        """``address`` left: what it was to push here is fetched from other holders."""
+        instructions: list[Instruction] = []
+        for key in [key for key, pending in self.fetching.items() if pending.pusher == address]:
+            instructions.extend(self.push_missed(key, address))
         return instructions
 
     def _fetch_over(self, key: str, epoch: int) -> _Fetching | None:

@@ -288,3 +288,21 @@ def test_a_holder_gone_since_the_workers_were_described_is_not_chosen_again(
         (stored,) = total._state.arguments
         assert _worker_names(client)[stored._state.who_has[0]] != gone
         assert client.check_invariants() == []
+
+
+def test_an_argument_missing_from_its_worker_when_held_fails_its_task_saying_so(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler holds a stored argument on its worker at once; should the worker not
+    have the value (its client's connection to it ended), the task taking it fails with
+    the stored argument's own error, not a hang."""
+    names = iter(range(1_000_000))
+
+    def put_nothing(self: Client, holder: str, value: object, payload: object, pure: bool):
+        return f"never-stored-{next(names)}", None
+
+    monkeypatch.setattr(client_module.Client, "_put_argument", put_nothing)
+    future = client.submit(np.sum, np.ones(2 * MB // 8), resources={"A": 1}, pure=False)
+    with pytest.raises(LookupError, match="no longer on this worker"):
+        future.result(timeout=60)
+    assert client.check_invariants() == []

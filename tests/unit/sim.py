@@ -51,6 +51,10 @@ class Sim:
         # New totals sent to workers (client.set_resources), as (address, resources).
         self.resized: list[tuple[str, dict[str, float]]] = []
         self.to_clients: dict[str, list[Message]] = {}
+        # Every push-data message ever sent, in order, as (pusher's address, message).
+        self.pushes: list[tuple[str, Message]] = []
+        # Stored arguments each worker was told to hold as results (stored_arguments.py).
+        self.adopted: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------------ plumbing
     def step(self) -> dict[str, list[Message]]:
@@ -86,6 +90,10 @@ class Sim:
             self.resized.append((address, msg["resources"]))
         elif op == "worker-left":
             self.left.setdefault(address, []).append(msg["address"])
+        elif op == "push-data":
+            self.pushes.append((address, msg))
+        elif op == "adopt-stored":
+            self.adopted.setdefault(address, []).append(msg["key"])
         else:  # pragma: no cover - a new op the tests do not know yet
             raise AssertionError(f"unexpected message to worker {address}: {msg}")
 

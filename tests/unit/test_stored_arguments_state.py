@@ -43,3 +43,57 @@ def test_a_task_that_no_longer_waits_for_a_worker_is_left_as_it_is() -> None:
     assert not restore_argument(sim.state, "c", _on("arg", "b"))
     assert not restore_argument(sim.state, "c", _on("unknown", "b"))
     assert sim.computed_keys("b") == []
+
+
+def _stored_on(key: str, worker: str, nbytes: int = 2**20) -> dict:
+    spec = _on(key, worker)
+    spec["stored"] = nbytes
+    return spec
+
+
+def test_a_stored_argument_is_held_at_once_and_its_task_sent_after_it_in_one_batch() -> None:
+    sim = Sim()
+    sim.add_client("c")
+    sim.add_worker("a")
+    sim.add_worker("b")
+    sim.state.handle_submit("c", [_stored_on("arg", "a"), task("use", deps=["arg"])])
+    out = sim.step()
+    # The worker hears to hold the value before the task taking it: one frame, no run.
+    assert [m["op"] for m in out["a"]] == ["adopt-stored", "compute"]
+    assert out["a"][0] == {"op": "adopt-stored", "key": "arg", "nbytes": 2**20}
+    assert sim.states()["arg"] == "memory" and sim.computed_keys("a") == ["use"]
+    assert "task-finished" in sim.client_ops("arg")
+    sim.finish("use")
+    assert sim.states()["use"] == "memory"
+
+
+def test_a_stored_argument_whose_worker_is_gone_runs_as_a_task() -> None:
+    sim = Sim()
+    sim.add_client("c")
+    sim.add_worker("a")
+    sim.submit_many([_stored_on("arg", "gone")])
+    assert sim.adopted == {} and sim.states() == {"arg": "no-worker"}
+
+
+def test_a_stored_argument_given_back_after_a_scheduler_restart_is_placed_as_a_task() -> None:
+    sim = Sim()
+    sim.add_client("c")
+    sim.add_worker("a")
+    sim.state.handle_submit("c", [_stored_on("arg", "a")], recover=True)
+    sim.step()
+    assert sim.adopted == {} and sim.computed_keys("a") == ["arg"]
+
+
+def test_a_stored_argument_names_its_one_worker() -> None:
+    from apportion.scheduler.validation import check_submit
+
+    from apportion.protocol import ProtocolError
+
+    check_submit({"tasks": [_stored_on("arg", "a")]})
+    for bad in ({**_stored_on("arg", "a"), "workers": ["a", "b"]}, {**task("x"), "stored": 8}):
+        try:
+            check_submit({"tasks": [bad]})
+        except ProtocolError as exc:
+            assert "'stored' must be a size in bytes" in str(exc)
+        else:
+            raise AssertionError(f"accepted {bad}")

@@ -565,3 +565,74 @@ def test_random_events_keep_the_books_straight(seed: int) -> None:
     assert node.state.ready == [] or all(
         not node.state.ledger.fits_now(t.shape) for t in node.state.ready
     )
+
+
+# ------------------------------------------------------------------ pushes
+def test_an_input_pushed_by_its_holder_is_awaited_not_asked_for() -> None:
+    node = Node(nthreads=2)
+    node.compute("y", deps={"x": ["holder", "other"]}, pushed={"x": 1_000_000})
+    node.compute("z", deps={"x": ["holder", "other"]}, pushed={"x": 1_000_000})
+    assert node.fetches == []
+    assert [(a.key, a.pusher) for a in node.awaited] == [("x", "holder")]
+    assert node.awaited[0].seconds > 5.0  # more for a large input
+    node.apply(node.state.pushed("x", 7, 1_000_000))
+    assert node.started == ["y", "z"]
+    assert node.ops("data-acquired") == [{"op": "data-acquired", "key": "x", "replica": True}]
+    # The same input once more (another holder's push, a fetch's late reply): dropped.
+    assert node.apply(node.state.pushed("x", 8, 1_000_000)) == []
+    assert node.state.data["x"] == 7
+
+
+def test_an_input_pushed_before_its_task_arrives_is_held_as_a_copy_the_task_takes() -> None:
+    node = Node()
+    node.apply(node.state.pushed("x", 7, 10))
+    assert node.ops("data-acquired") == [{"op": "data-acquired", "key": "x", "replica": True}]
+    node.compute("y", deps={"x": ["holder"]}, pushed={"x": 10})
+    assert node.fetches == [] and node.awaited == [] and node.started == ["y"]
+
+
+def test_a_push_that_will_not_come_is_fetched_from_the_other_holders() -> None:
+    node = Node()
+    node.compute("y", deps={"x": ["holder", "other"]}, pushed={"x": 10})
+    # Another peer's word counts for nothing: only the pusher's.
+    assert node.apply(node.state.push_missed("x", "other")) == []
+    node.apply(node.state.push_missed("x", "holder"))
+    assert [(f.key, f.holders) for f in node.fetches] == [("x", ["other"])]
+    node.fetched("x", 7)
+    assert node.started == ["y"]
+
+
+def test_a_push_from_a_holder_that_left_is_fetched_and_without_holders_fails_the_task() -> None:
+    node = Node()
+    node.compute("y", deps={"x": ["holder"]}, pushed={"x": 10})
+    node.apply(node.state.pusher_left("holder"))
+    assert [(f.key, f.holders) for f in node.fetches] == [("x", [])]
+    node.fetch_failed("x")  # (what the edge reports for a fetch with no holder to ask)
+    assert [m["key"] for m in node.ops("missing-deps")] == ["y"]
+
+
+def test_a_late_push_is_fetched_from_every_holder_and_an_earlier_wait_ends_nothing() -> None:
+    node = Node()
+    node.compute("y", deps={"x": ["holder", "other"]}, pushed={"x": 10})
+    (first,) = node.awaited
+    node.apply(node.state.pushed("x", 7, 10))
+    node.finish("y")
+    node.state.free_keys(["x"])
+    node.compute("z", deps={"x": ["holder", "other"]}, pushed={"x": 10})
+    # The first wait runs out: it was for the push that came, not for this one.
+    assert node.apply(node.state.push_missed("x", "holder", first.serial)) == []
+    second = node.awaited[-1]
+    node.apply(node.state.push_missed("x", "holder", second.serial))
+    assert [(f.key, f.holders) for f in node.fetches] == [("x", ["other", "holder"])]
+    # The push arrives after all: it serves the task; the fetch's reply will be dropped.
+    node.apply(node.state.pushed("x", 7, 10))
+    assert node.started == ["y", "z"]
+    assert node.apply(node.state.fetched("x", 7, node.state.epoch)) == []
+
+
+def test_a_stored_argument_adopted_here_is_held_and_serves_the_task_taking_it() -> None:
+    node = Node()
+    node.state.adopt("arg", b"value", 5)
+    node.compute("use", deps={"arg": ["w"]})
+    assert node.fetches == [] and node.started == ["use"] and node.sent == []
+    assert node.state.registration_report()["held"] == {"arg": 5}

@@ -12,6 +12,7 @@ import pickle
 from typing import Any
 
 from apportion.worker.state import (
+    AwaitPush,
     Execute,
     Fetch,
     Instruction,
@@ -41,6 +42,7 @@ class Node:
         self.started: list[str] = []  # keys, in the order they were handed to threads
         self.sent: list[Message] = []
         self.fetches: list[Fetch] = []
+        self.awaited: list[AwaitPush] = []  # pushes the scheduler announced
         self.told: list[tuple[list[str], Message]] = []
         # As the task threads see it: runs whose threads left the pool (until resumed),
         # those of them that gave their resources back, those blocked in rejoin(), and the
@@ -68,6 +70,8 @@ class Node:
                         self.released.add(message["key"])
             elif isinstance(instruction, Fetch):
                 self.fetches.append(instruction)
+            elif isinstance(instruction, AwaitPush):
+                self.awaited.append(instruction)
             elif isinstance(instruction, TellClients):
                 self.told.append((instruction.clients, instruction.message))
             elif isinstance(instruction, Resume):
