@@ -205,8 +205,6 @@ class Worker:
             threading.Thread(
                 target=self._watch_memory, name="apportion-memory", daemon=True
             ).start()
-        if self._spill_writer is not None:
-            self._spill_writer.start()
         background(self._serve_scheduler())
         return self
 
@@ -396,7 +394,7 @@ class Worker:
         goal = memory.spill_goal(self._target_bytes, data.weights.get(key, 0))
         if data.fast_bytes <= goal:
             return
-        if writer is None or not writer.running:  # (a worker not started: tests)
+        if writer is None or writer.stopped:  # (the worker is closing)
             self.spill_to_target()
             return
         writer.spill_to(goal)

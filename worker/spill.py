@@ -334,12 +334,8 @@ class SpillWriter:
         self._thread: threading.Thread | None = None
 
     @property
-    def running(self) -> bool:
-        return self._thread is not None and not self._stopped
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="apportion-spill", daemon=True)
-        self._thread.start()
+    def stopped(self) -> bool:
+        return self._stopped
 
     def stop(self) -> None:
         with self._changed:
@@ -347,10 +343,16 @@ class SpillWriter:
             self._changed.notify_all()
 
     def spill_to(self, level: int) -> None:
-        """Bring the bytes of results in memory down to ``level``, in the background."""
+        """Bring the bytes of results in memory down to ``level``, in the background (the
+        thread starts on the first call)."""
         with self._changed:
             self._goal = level if self._goal is None else min(self._goal, level)
             self._changed.notify_all()
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(
+                    target=self._loop, name="apportion-spill", daemon=True
+                )
+                self._thread.start()
 
     def wait_below(self, level: int) -> float:
         """Return once the results in memory are at ``level`` or under, or nothing more is
