@@ -126,7 +126,8 @@ class Worker:
             if self.data is not None
             else None
         )
-        # Seconds task threads waited for results to be spilled, and seconds paused.
+        # Seconds task threads spilled results themselves (the writer counts its waits),
+        # and seconds paused (counted with self._lock held).
         self.spill_wait_seconds = 0.0
         self.paused_seconds = 0.0
         self._paused_since: float | None = None
@@ -366,8 +367,9 @@ class Worker:
             with self._lock:
                 measured = {"rss": rss, "limit": limit}
                 instructions = self.state.memory_pressure(decision.paused, measured)
+                if instructions:
+                    self._count_pause(decision.paused)
             if instructions:
-                self._count_pause(decision.paused)
                 logger.warning(
                     "worker %s %s: process memory %s of its %s limit",
                     self.name,
@@ -398,7 +400,7 @@ class Worker:
             self.spill_to_target()
             return
         writer.spill_to(goal)
-        self.spill_wait_seconds += writer.wait_below(self._target_bytes)
+        writer.wait_below(self._target_bytes)
 
     def spill_to_target(self) -> None:
         """Spill the results held in memory beyond ``target``, by their sizes, in this
@@ -412,7 +414,7 @@ class Worker:
             if excess:
                 freed = data.evict(excess)
                 logger.debug("worker %s spilled %d bytes of results", self.name, freed)
-        self.spill_wait_seconds += time.perf_counter() - started
+            self.spill_wait_seconds += time.perf_counter() - started
 
     def _resume_if_room(self) -> None:
         """After the spill writer's writes: a paused worker measures again at once, and
@@ -425,12 +427,18 @@ class Worker:
                 logger.exception("worker %s: memory check failed", self.name)
 
     def _count_pause(self, paused: bool) -> None:
+        """The worker paused or resumed now (self._lock held)."""
         now = time.perf_counter()
         if paused:
             self._paused_since = now
         elif self._paused_since is not None:
             self.paused_seconds += now - self._paused_since
             self._paused_since = None
+
+    def _paused_seconds_now(self) -> float:
+        with self._lock:
+            since = self._paused_since
+            return self.paused_seconds + (time.perf_counter() - since if since is not None else 0.0)
 
     def _terminate(self, rss: int, limit: int) -> None:
         """Past the terminate threshold: exit at once, unannounced, as a crash, so that the
@@ -468,9 +476,9 @@ class Worker:
                 unspilled_count=data.unspilled_count,
                 unspilled_total=data.unspilled_total,
                 spill_write_seconds=data.write_seconds,
-                spill_wait_seconds=self.spill_wait_seconds,
-                paused_seconds=self.paused_seconds
-                + (time.perf_counter() - since if (since := self._paused_since) else 0.0),
+                spill_wait_seconds=self.spill_wait_seconds
+                + (self._spill_writer.waited_seconds if self._spill_writer else 0.0),
+                paused_seconds=self._paused_seconds_now(),
             )
         return report
 

@@ -332,6 +332,8 @@ class SpillWriter:
         self._busy = False
         self._stopped = False
         self._thread: threading.Thread | None = None
+        # Seconds threads waited for room in ``wait_below``, in all (counted under the lock).
+        self.waited_seconds = 0.0
 
     @property
     def stopped(self) -> bool:
@@ -368,7 +370,9 @@ class SpillWriter:
                 and not self._stopped
             ):
                 changed.wait()
-        return time.perf_counter() - started
+            waited = time.perf_counter() - started
+            self.waited_seconds += waited
+        return waited
 
     def _loop(self) -> None:
         store, changed = self.store, self._changed

@@ -498,7 +498,7 @@ def test_a_task_thread_starts_its_next_task_while_the_older_result_is_written(
     beyond.join(60)
     assert not beyond.is_alive() and store.fast_bytes <= 24 * MIB
     _wait_for(lambda: store.fast_bytes == 20 * MIB, "spilled down to room for one more")
-    assert list(store.slow) == ["r0", "r1"] and worker.spill_wait_seconds > 0
+    assert list(store.slow) == ["r0", "r1"] and worker.memory_report()["spill_wait_seconds"] > 0
     worker._spill_writer.stop()
     store.close()
 
@@ -513,13 +513,19 @@ def test_a_paused_worker_resumes_as_soon_as_a_spill_ends(tmp_path: Path) -> None
     worker._loop = asyncio.new_event_loop()  # (where the resumption is told to the scheduler)
     try:
         store = worker.data
-        worker.state.memory_pressure(True)  # paused, as if the monitor had measured it so
+        thresholds = worker.memory_thresholds
+        # Paused by a measure, as the monitor pauses it (this process is past a tiny pause).
+        worker.memory_thresholds = thresholds._replace(pause=1e-6)
+        worker.check_memory()
         assert worker.state.paused
+        worker.memory_thresholds = thresholds  # far under its pause threshold now
         for i in range(3):  # 24 MiB against a target of about 20 MiB
             store[f"r{i}"] = np.full(8 * MIB, i, dtype=np.uint8)
         worker.spill_after_run("r2")
         _wait_for(lambda: not worker.state.paused, "resumed after the spill")
         assert store.spilled_count >= 1
+        paused = worker.memory_report()["paused_seconds"]
+        assert paused > 0 and worker.memory_report()["paused_seconds"] == paused
     finally:
         worker._spill_writer.stop()
         worker._loop.close()
