@@ -421,10 +421,7 @@ class Worker:
         resumes if they brought it back under its pause threshold (not at the monitor's
         next look)."""
         if self.state.paused:
-            try:
-                self.check_memory()
-            except Exception:
-                logger.exception("worker %s: memory check failed", self.name)
+            self.check_memory()
 
     def _count_pause(self, paused: bool) -> None:
         """The worker paused or resumed now (self._lock held)."""

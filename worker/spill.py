@@ -401,7 +401,10 @@ class SpillWriter:
                     self._busy = False
                     changed.notify_all()
             if self._after is not None:
-                self._after()
+                try:
+                    self._after()
+                except Exception:  # this thread must go on: task threads wait on it
+                    logger.exception("after spilling results")
 
 
 def _remove(path: str) -> None:
