@@ -110,6 +110,8 @@ class Worker:
         self._target_bytes = (
             int(target * self.memory_limit) if target and self.memory_limit else 1 << 62
         )
+        # Below this, no run's result has anything spilled (the cheap test after each run).
+        self._lowest_goal = memory.spill_goal(self._target_bytes, self._target_bytes)
         if self.memory_limit is not None:
             directory = config.get("worker.memory.spill-directory")
             self.data = spill.SpillBuffer(
@@ -694,9 +696,10 @@ class Worker:
             if messages and not self._send_from_thread(comm, messages, epoch, busy):
                 return  # the event loop is closed: the worker is gone
             del messages
-            if self.data is not None:
-                # Results beyond the target: spilled now (in the background, this thread
-                # waiting only for room), not at the monitor's next look.
+            data = self.data
+            if data is not None and data.fast_bytes > self._lowest_goal:
+                # Results near or beyond the target: spilled now (in the background, this
+                # thread waiting only for room), not at the monitor's next look.
                 self.spill_after_run(task.key)
             with self._lock:
                 starts = self.state.free_run(task)
