@@ -10,7 +10,10 @@ fresh process; printed per system: seconds to persist, seconds for the sums, the
 resident memory of each worker process (VmHWM) against its limit, the bytes on disk at
 the end, the bytes the worker processes wrote to files (``write_bytes`` of /proc/<pid>/io,
 the same measure for apportion and Dask: in all, and while persisting), and the machine's
-load average before the run (other jobs swing the times). Ray has no per-worker memory
+load average before the run (other jobs swing the times); for apportion, what the two
+workers counted, which the load does not swing as much: the seconds their task threads
+waited for results to be spilled, the seconds their spill writes took, and the seconds
+they were paused. Ray has no per-worker memory
 limit: its object store, which spills to disk when full, is given the two workers' memory
 (2 x ``--limit``), with two task processes; their peaks are printed against the limit.
 ``make bench-spill`` runs it with the benchmark environment.
@@ -103,8 +106,19 @@ def _run_apportion(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str
         time.sleep(1.5)  # the next heartbeat carries the spill counts
         info = [w["memory"] for w in client.scheduler_info()["workers"].values()]
         on_disk = sum(m.get("spilled_bytes", 0) for m in info)
+        # Where the workers' time went, whatever the machine's load: their task threads
+        # waiting for results to be spilled, writing spill files, and paused.
+        steps = {step: sum(m.get(step, 0.0) for m in info) for step in STEPS}
         del futures
-    return {**timing, "peaks": sorted(peaks.values()), "spilled": on_disk}
+    return {**timing, "peaks": sorted(peaks.values()), "spilled": on_disk, "steps": steps}
+
+
+# The seconds each apportion worker counts (summed over the two), as printed.
+STEPS = {
+    "spill_wait_seconds": "task threads waited for spills",
+    "spill_write_seconds": "spill writes took",
+    "paused_seconds": "paused",
+}
 
 
 def _run_dask(limit: str, chunks: int, nbytes: int, reads: int) -> dict[str, Any]:
@@ -247,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"({result['written_persist'] / 2**30:.2f} of it persisting)"
                 if "written" in result
                 else ""
+            )
+            + "".join(
+                f", {STEPS[step]} {seconds:.2f} s"
+                for step, seconds in result.get("steps", {}).items()
+                if step in STEPS
             )
         )
     return 0

@@ -1,7 +1,8 @@
 """What a worker does about its memory: pure decisions, no I/O.
 
-As a result is stored, ``beyond_target`` answers how many bytes of results to spill, by
-their sizes. Fed with the process's resident memory (RSS), the bytes of results it holds
+As a result is stored, ``spill_goal`` answers the level to spill results down to in the
+background, and ``beyond_target`` how many bytes of them must be out before the next task
+starts, by their sizes. Fed with the process's resident memory (RSS), the bytes of results it holds
 in memory and whether it is paused, ``decide`` (the memory monitor's, every
 ``worker.memory.monitor-interval``) answers how many bytes of results to spill, whether to
 pause or resume, and whether to terminate; the worker (worker/server.py) measures and
@@ -83,6 +84,14 @@ def beyond_target(target_bytes: int, managed: int) -> int:
     (``target_bytes``), judged by their sizes alone, as Dask's spill buffer does; the
     process's measure is the monitor's backstop (``decide``)."""
     return max(managed - target_bytes, 0)
+
+
+def spill_goal(target_bytes: int, result_bytes: int) -> int:
+    """The level a stored result's spilling brings the results in memory down to, in the
+    background: the target less room for one more result of the same size (at most a
+    quarter of the target), so that the next run fills that room while the older result
+    is written, and a task thread waits only for results beyond the target itself."""
+    return target_bytes - min(max(result_bytes, 0), target_bytes // 4)
 
 
 def nearly_full(limit: int | None, rss: int, thresholds: Thresholds) -> bool:

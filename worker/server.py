@@ -111,6 +111,8 @@ class Worker:
         self._target_bytes = (
             int(target * self.memory_limit) if target and self.memory_limit else 1 << 62
         )
+        # Below this, no run's result has anything spilled (the cheap test after each run).
+        self._lowest_goal = memory.spill_goal(self._target_bytes, self._target_bytes)
         if self.memory_limit is not None:
             directory = config.get("worker.memory.spill-directory")
             self.data = spill.SpillBuffer(
@@ -120,6 +122,18 @@ class Worker:
         # One measure-and-spill at a time (the monitor's thread, task threads after a run):
         # each decides on a measure taken after the other's spill, not both on one.
         self._spilling = threading.Lock()
+        # Writes results out after runs on a thread of its own (worker/spill.py): a task
+        # thread starts its next task while the older result is written.
+        self._spill_writer = (
+            spill.SpillWriter(self.data, self._spilling, after=self._resume_if_room)
+            if self.data is not None
+            else None
+        )
+        # Seconds task threads spilled results themselves (the writer counts its waits),
+        # and seconds paused (counted with self._lock held).
+        self.spill_wait_seconds = 0.0
+        self.paused_seconds = 0.0
+        self._paused_since: float | None = None
         # What the worker runs, holds and fetches: a pure state machine (worker/state.py).
         # THE LOCK RULE: self.state is read and changed only with self._lock held, by the
         # event loop and by task threads alike; the instructions it returns are carried
@@ -296,6 +310,8 @@ class Worker:
         for _ in self._threads:
             self._jobs.put(None)  # each thread stops after the runs already handed to it
         self._memory_stop.set()
+        if self._spill_writer is not None:
+            self._spill_writer.stop()
         if self.data is not None:
             self.data.close()  # the spill directory goes with the worker
         self.finished.set()
@@ -356,6 +372,8 @@ class Worker:
             with self._lock:
                 measured = {"rss": rss, "limit": limit}
                 instructions = self.state.memory_pressure(decision.paused, measured)
+                if instructions:
+                    self._count_pause(decision.paused)
             if instructions:
                 logger.warning(
                     "worker %s %s: process memory %s of its %s limit",
@@ -366,22 +384,63 @@ class Worker:
                 )
                 self._loop_call(self._carry_out, instructions)
 
+    def spill_after_run(self, key: str) -> None:
+        """After a run (in its task thread), with its result ``key`` stored: results are
+        spilled by their sizes, as a result is stored (Dask's spill buffer does the same),
+        by the spill writer's thread, down to the target less room for one more such
+        result (``memory.spill_goal``). The task thread starts its next task while the
+        older result is written; it waits only while the results are beyond the target
+        itself, so memory peaks where it did when the task thread wrote them itself. The
+        process's own measure is the monitor's, as the backstop (``check_memory``): it
+        counts the interpreter and the runs' own memory besides the results, so spilling
+        on it after each run brought results below their target in bursts of several
+        writes before a task could start."""
+        data, writer = self.data, self._spill_writer
+        if data is None:
+            return
+        goal = memory.spill_goal(self._target_bytes, data.weights.get(key, 0))
+        if data.fast_bytes <= goal:
+            return
+        if writer is None or writer.stopped:  # (the worker is closing)
+            self.spill_to_target()
+            return
+        writer.spill_to(goal)
+        writer.wait_below(self._target_bytes)
+
     def spill_to_target(self) -> None:
-        """After a run (in its task thread): spill the results held in memory beyond
-        ``target``, by their sizes, as a result is stored (Dask's spill buffer does the
-        same). The process's own measure is the monitor's, as the backstop
-        (``check_memory``): it counts the interpreter and the runs' own memory besides the
-        results, so spilling on it after each run brought results below their target in
-        bursts of several writes before a task could start; by sizes, a run's result
-        sends about one out."""
+        """Spill the results held in memory beyond ``target``, by their sizes, in this
+        thread."""
         data = self.data
         if data is None:
             return
+        started = time.perf_counter()
         with self._spilling:
             excess = memory.beyond_target(self._target_bytes, data.fast_bytes)
             if excess:
                 freed = data.evict(excess)
                 logger.debug("worker %s spilled %d bytes of results", self.name, freed)
+            self.spill_wait_seconds += time.perf_counter() - started
+
+    def _resume_if_room(self) -> None:
+        """After the spill writer's writes: a paused worker measures again at once, and
+        resumes if they brought it back under its pause threshold (not at the monitor's
+        next look)."""
+        if self.state.paused:
+            self.check_memory()
+
+    def _count_pause(self, paused: bool) -> None:
+        """The worker paused or resumed now (self._lock held)."""
+        now = time.perf_counter()
+        if paused:
+            self._paused_since = now
+        elif self._paused_since is not None:
+            self.paused_seconds += now - self._paused_since
+            self._paused_since = None
+
+    def _paused_seconds_now(self) -> float:
+        with self._lock:
+            since = self._paused_since
+            return self.paused_seconds + (time.perf_counter() - since if since is not None else 0.0)
 
     def _terminate(self, rss: int, limit: int) -> None:
         """Past the terminate threshold: exit at once, unannounced, as a crash, so that the
@@ -418,6 +477,10 @@ class Worker:
                 spilled_total=data.spilled_total,
                 unspilled_count=data.unspilled_count,
                 unspilled_total=data.unspilled_total,
+                spill_write_seconds=data.write_seconds,
+                spill_wait_seconds=self.spill_wait_seconds
+                + (self._spill_writer.waited_seconds if self._spill_writer else 0.0),
+                paused_seconds=self._paused_seconds_now(),
             )
         return report
 
@@ -714,10 +777,10 @@ class Worker:
                 return  # the event loop is closed: the worker is gone
             del messages
             data = self.data
-            if data is not None and data.fast_bytes > self._target_bytes:
-                # Results beyond the target: spilled now, before this thread starts the
-                # next task, not at the monitor's next look.
-                self.spill_to_target()
+            if data is not None and data.fast_bytes > self._lowest_goal:
+                # Results near or beyond the target: spilled now (in the background, this
+                # thread waiting only for room), not at the monitor's next look.
+                self.spill_after_run(task.key)
             with self._lock:
                 starts = self.state.free_run(task)
             task = None

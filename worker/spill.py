@@ -31,8 +31,9 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -98,6 +99,8 @@ class SpillBuffer(MutableMapping[str, Any]):
         self.spilled_total = 0
         self.unspilled_count = 0
         self.unspilled_total = 0
+        # Seconds spent writing values to their files, in all (whichever thread wrote).
+        self.write_seconds = 0.0
 
     # ------------------------------------------------------------ the mapping
     def __getitem__(self, key: str) -> Any:
@@ -168,8 +171,10 @@ class SpillBuffer(MutableMapping[str, Any]):
                 self._writing.add(key)
                 tried.add(key)
             try:
+                started = time.perf_counter()
                 spilled = self._write(key, value)  # without the lock: nobody waits for the disk
                 with self._lock:
+                    self.write_seconds += time.perf_counter() - started
                     if self.fast.get(key) is not value:
                         # Released (or replaced) while it was written: the file is not wanted.
                         if spilled is not None:
@@ -187,16 +192,19 @@ class SpillBuffer(MutableMapping[str, Any]):
         """The value to drop next (the lock held): the least recently used that has its
         file still, else the least recently used that can be written and was not ``tried``
         (None: none is left)."""
-        copies = self.copies
-        if copies:
-            for key in self.fast:
-                if key in copies:
-                    return key
+        for key in self._oldest_copies():
+            return key
         writing, unspillable = self._writing, self.unspillable
         for key in self.fast:
             if key not in unspillable and key not in writing and key not in tried:
                 return key
         return None
+
+    def _oldest_copies(self) -> Iterator[str]:
+        """The values in memory that have their file still, least recently used first (the
+        lock held): dropping them costs no write."""
+        copies = self.copies
+        return (key for key in self.fast if key in copies) if copies else iter(())
 
     def _write(self, key: str, value: Any) -> Spilled | None:
         """Pickle ``value`` into a new file; None if it cannot be (marked so, or kept as the
@@ -265,11 +273,10 @@ class SpillBuffer(MutableMapping[str, Any]):
         """Drop values that have their file still, least recently used first, other than
         ``but``, until ``nbytes`` are freed; returns the bytes freed (the lock held)."""
         freed = 0
-        copies = self.copies
-        for key in [key for key in self.fast if key in copies and key != but]:
+        for key in [key for key in self._oldest_copies() if key != but]:
             if freed >= nbytes:
                 break
-            freed += self._to_disk(key, copies.pop(key))
+            freed += self._to_disk(key, self.copies.pop(key))
         return freed
 
     def _discard(self, key: str) -> None:
@@ -301,6 +308,103 @@ class SpillBuffer(MutableMapping[str, Any]):
             self.copies.clear()
             self.unspillable.clear()
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class SpillWriter:
+    """Writes results out on a thread of its own, down to a level it is given: a task
+    thread hands it the spilling a stored result calls for and starts its next task while
+    the older result is written, rather than after (a write of 64 MB takes longer than
+    many tasks do). Each value is written under ``lock`` (the worker's one spill at a
+    time: the monitor's measure follows each write, not one half done), one at a time,
+    so that a thread waiting for room goes on as soon as there is some."""
+
+    def __init__(
+        self,
+        store: SpillBuffer,
+        lock: threading.Lock,
+        after: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self._lock = lock
+        self._after = after  # called after each round of writes (the worker's pause check)
+        self._changed = threading.Condition()
+        self._goal: int | None = None  # the level asked for and not yet taken up
+        self._busy = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        # Seconds threads waited for room in ``wait_below``, in all (counted under the lock).
+        self.waited_seconds = 0.0
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+
+    def spill_to(self, level: int) -> None:
+        """Bring the bytes of results in memory down to ``level``, in the background (the
+        thread starts on the first call)."""
+        with self._changed:
+            self._goal = level if self._goal is None else min(self._goal, level)
+            self._changed.notify_all()
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(
+                    target=self._loop, name="apportion-spill", daemon=True
+                )
+                self._thread.start()
+
+    def wait_below(self, level: int) -> float:
+        """Return once the results in memory are at ``level`` or under, or nothing more is
+        being spilled (what is left cannot be); returns the seconds waited."""
+        store, changed = self.store, self._changed
+        if store.fast_bytes <= level:
+            return 0.0
+        started = time.perf_counter()
+        with changed:
+            while (
+                store.fast_bytes > level
+                and (self._busy or self._goal is not None)
+                and not self._stopped
+            ):
+                changed.wait()
+            waited = time.perf_counter() - started
+            self.waited_seconds += waited
+        return waited
+
+    def _loop(self) -> None:
+        store, changed = self.store, self._changed
+        while True:
+            with changed:
+                while self._goal is None and not self._stopped:
+                    changed.wait()
+                goal = self._goal
+                if self._stopped or goal is None:
+                    return
+                self._goal, self._busy = None, True
+            try:
+                while True:
+                    with self._lock:
+                        freed = store.evict(1) if store.fast_bytes > goal else 0
+                    with changed:
+                        changed.notify_all()  # a thread waiting for room may go on
+                        if self._goal is not None:  # asked again meanwhile: the lower level
+                            goal, self._goal = min(goal, self._goal), None
+                    if not freed or self._stopped:
+                        break
+            except Exception:
+                logger.exception("spilling results failed")
+            finally:
+                with changed:
+                    self._busy = False
+                    changed.notify_all()
+            if self._after is not None:
+                try:
+                    self._after()
+                except Exception:  # this thread must go on: task threads wait on it
+                    logger.exception("after spilling results")
 
 
 def _remove(path: str) -> None:

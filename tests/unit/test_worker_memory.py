@@ -8,6 +8,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from apportion.worker.memory import Decision, Thresholds, decide, process_memory
 from apportion.worker.spill import (
     SpillBuffer,
+    SpillWriter,
     new_spill_directory,
     remove_stale_directories,
     size_of,
@@ -433,3 +435,117 @@ def test_results_beyond_the_target_are_what_a_stored_result_spills() -> None:
 
     assert beyond_target(600, 664) == 64
     assert beyond_target(600, 600) == 0 and beyond_target(600, 10) == 0
+
+
+def test_a_stored_result_spills_down_to_room_for_one_more_within_the_target() -> None:
+    from apportion.worker.memory import spill_goal
+
+    assert spill_goal(600, 64) == 536  # room for the next 64 MB result under the target
+    assert spill_goal(600, 0) == 600
+    assert spill_goal(600, 10_000) == 450  # room kept is at most a quarter of the target
+
+
+def _worker_spilling_by_sizes(tmp_path: Path, limit: int, **settings: Any) -> Any:
+    """A worker (not started) whose only spilling is by the results' sizes after runs."""
+    from apportion.worker.server import Worker
+
+    defaults = {
+        "worker.memory.spill-directory": str(tmp_path),
+        "worker.memory.spill": False,
+        "worker.memory.pause": False,
+        "worker.memory.terminate": False,
+    }
+    with config.set({**defaults, **settings}):
+        return Worker("tcp://127.0.0.1:9", memory_limit=limit)
+
+
+def _wait_for(condition: Any, what: str, timeout: float = 60) -> None:
+    done = threading.Event()
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not {what} after {timeout} s"
+        done.wait(0.01)
+
+
+def test_a_task_thread_starts_its_next_task_while_the_older_result_is_written(
+    tmp_path: Path,
+) -> None:
+    worker = _worker_spilling_by_sizes(tmp_path, 40 * MIB)  # a target of 24 MiB
+    store = worker.data
+    for i in range(5):  # 20 MiB: room for one more 4 MiB result within the target
+        store[f"r{i}"] = np.full(4 * MIB, i, dtype=np.uint8)
+        worker.spill_after_run(f"r{i}")
+    assert store.spilled_count == 0
+    fd, _ = _fifo_spill(store, tmp_path)  # r0's write blocks until the pipe is drained
+    try:
+        store["r5"] = np.full(4 * MIB, 5, dtype=np.uint8)  # at the target
+        after_run = threading.Thread(target=worker.spill_after_run, args=("r5",))
+        after_run.start()
+        after_run.join(30)  # a bound: waiting for r0's write would keep it here
+        assert not after_run.is_alive(), "the task thread waited for a write within the target"
+        readable, _, _ = select.select([fd], [], [], 60)
+        assert readable, "r0 is not being written in the background"
+        # The next result brings the results beyond the target: its run's thread waits for
+        # r0's write (the room it makes), so memory peaks no higher than before.
+        store["r6"] = np.full(4 * MIB, 6, dtype=np.uint8)
+        beyond = threading.Thread(target=worker.spill_after_run, args=("r6",))
+        beyond.start()
+        beyond.join(0.5)
+        assert beyond.is_alive(), "results beyond the target did not wait for room"
+    finally:
+        _drain(fd)
+        os.close(fd)
+    beyond.join(60)
+    assert not beyond.is_alive() and store.fast_bytes <= 24 * MIB
+    _wait_for(lambda: store.fast_bytes == 20 * MIB, "spilled down to room for one more")
+    assert list(store.slow) == ["r0", "r1"] and worker.memory_report()["spill_wait_seconds"] > 0
+    worker._spill_writer.stop()
+    store.close()
+
+
+def test_a_paused_worker_resumes_as_soon_as_a_spill_ends(tmp_path: Path) -> None:
+    import asyncio
+
+    # The monitor never looks (it is not started): only the spill's end can resume it.
+    worker = _worker_spilling_by_sizes(
+        tmp_path, 40 * 1024 * MIB, **{"worker.memory.target": 0.0005, "worker.memory.pause": 0.8}
+    )
+    worker._loop = asyncio.new_event_loop()  # (where the resumption is told to the scheduler)
+    try:
+        store = worker.data
+        thresholds = worker.memory_thresholds
+        # Paused by a measure, as the monitor pauses it (this process is past a tiny pause).
+        worker.memory_thresholds = thresholds._replace(pause=1e-6)
+        worker.check_memory()
+        assert worker.state.paused
+        worker.memory_thresholds = thresholds  # far under its pause threshold now
+        for i in range(3):  # 24 MiB against a target of about 20 MiB
+            store[f"r{i}"] = np.full(8 * MIB, i, dtype=np.uint8)
+        worker.spill_after_run("r2")
+        _wait_for(lambda: not worker.state.paused, "resumed after the spill")
+        assert store.spilled_count >= 1
+        paused = worker.memory_report()["paused_seconds"]
+        assert paused > 0 and worker.memory_report()["paused_seconds"] == paused
+    finally:
+        worker._spill_writer.stop()
+        worker._loop.close()
+        worker.data.close()
+
+
+def test_the_spill_writer_waits_for_room_only_while_it_can_make_some(tmp_path: Path) -> None:
+    store = SpillBuffer(tmp_path / "spill")
+    writer = SpillWriter(store, threading.Lock())
+    store["a"] = np.full(MIB, 1, dtype=np.uint8)
+    waiting = threading.Thread(target=writer.wait_below, args=(0,))
+    waiting.start()  # nothing asked: nothing to wait for
+    waiting.join(30)
+    assert not waiting.is_alive()
+    writer.spill_to(0)
+    writer.wait_below(0)
+    assert store.fast_bytes == 0 and list(store.slow) == ["a"]
+    store["b"] = threading.Lock()  # cannot be written: waiting ends when the writer gives up
+    writer.spill_to(0)
+    writer.wait_below(0)
+    assert "b" in store.fast
+    writer.stop()
+    store.close()
