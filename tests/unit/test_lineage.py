@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apportion.futures import FutureState
+from apportion.futures import FutureState, MapPiece
 from apportion.lineage import re_registration
 
 
@@ -54,10 +54,11 @@ def test_a_long_chain_is_walked_without_recursion() -> None:
 
 
 def test_a_maps_states_share_their_message_and_give_it_whole() -> None:
-    shared = {"func": b"f", "resources": {"GPU": 1}}
+    piece = MapPiece({"func": b"f", "resources": {"GPU": 1}})
     first, second = FutureState("inc-1"), FutureState("inc-2")
-    first.submitted_with(shared, b"one")
-    second.submitted_with(shared, b"two")
+    first.submitted_with(piece, piece.add(b"one"))
+    second.submitted_with(piece, piece.add(b"two"))
+    piece.close()
     specs, lineage_only = re_registration([first, second])
     assert specs == [
         {"key": "inc-1", "func": b"f", "resources": {"GPU": 1}, "args": b"one"},
