@@ -367,6 +367,7 @@ class Client(metaclass=_ClientType):
             raise TypeError(f"first argument must be callable, got {type(func).__name__}")
         func_bytes = self._functions.dumps(func)
         limit = task_bytes_limit(self.session.peer_max_frame)
+        room = limit - len(func_bytes)  # for the arguments
         name = prefix or getattr(func, "__name__", type(func).__name__)
         # tokenize(func_bytes, args, demand), with the function's bytes hashed once.
         hashed = hashlib.blake2b(func_bytes, digest_size=16) if pure else None
@@ -390,7 +391,8 @@ class Client(metaclass=_ClientType):
                 key = f"{name}-{digest.hexdigest()}"
             else:
                 key = f"{name}-{table.unique_token()}"
-            self._check_task(key, deps, len(func_bytes) + len(args_bytes), limit)
+            if deps or len(args_bytes) > room:  # else nothing to refuse: no call per row
+                self._check_task(key, deps, len(func_bytes) + len(args_bytes), limit)
             prepared.append((key, args_bytes, deps))
         # What every task of the piece is sent with besides its key and arguments.
         shared = {"func": func_bytes, **options}

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import itertools
 import queue
+import struct
 import threading
 import time
 from array import array
@@ -58,6 +59,15 @@ _ROWS = tuple(range(PIECE_ROWS))
 # by their own state.
 PIECE_ARGS_MAX_BYTES = 256
 PIECE_RESULT_MAX_BYTES = 256
+# How a small pickle begins: PROTO 5, then a FRAME of the rest's length (11 bytes of a
+# result of 17). A piece keeps the rest only: a pickle needs neither (both only say how
+# to read it), and pickle.loads ignores what follows the pickle's end, so a result kept
+# in one buffer with others needs no length of its own either.
+_PICKLE_HEAD = b"\x80\x05\x95"
+_PICKLE_HEAD_BYTES = 11
+_PROTO_5 = b"\x80\x05"
+# The head of a pickle: PROTO 5, FRAME and the frame's length.
+_HEAD = struct.Struct("<3sQ")
 
 
 class MapPiece:
@@ -73,6 +83,7 @@ class MapPiece:
     __slots__ = (
         "_args",
         "_ends",
+        "_headless",
         "_loaded",
         "_pending",
         "_result_at",
@@ -88,9 +99,10 @@ class MapPiece:
         self._pending: list[bytes] = []
         self._args = b""
         self._ends = array("I")
+        self._headless = False  # the arguments kept without their pickle's head
         self.lock = threading.Lock()
-        # Per row: where its result starts in ``_results`` and its length plus one (0:
-        # none here); made with the first result.
+        # Per row: where its result starts in ``_results``, plus one (0: none here); made
+        # with the first result.
         self._result_at: array[int] | None = None
         self._results = bytearray()
         self._loaded = 0  # rows whose result was loaded since ``_result_at`` was made
@@ -106,56 +118,77 @@ class MapPiece:
         """Keep the arguments taken in one buffer (once every row was added, before any
         ``spec``)."""
         pending, self._pending = self._pending, []
-        self._args = b"".join(pending)
-        self._ends = array("I", itertools.accumulate(map(len, pending)))
+        headless = _headless(pending)
+        self._headless = headless is not None
+        kept = pending if headless is None else headless
+        self._args = b"".join(kept)
+        self._ends = array("I", itertools.accumulate(map(len, kept)))
 
     def spec(self, key: str, row: int) -> dict[str, Any]:
         """The message of the task of ``key`` at ``row``, as it was submitted."""
         ends = self._ends
         start = ends[row - 1] if row else 0
-        return {"key": key, **self.shared, "args": self._args[start : ends[row]]}
+        args = self._args[start : ends[row]]
+        if self._headless:  # the same bytes as sent
+            args = _PICKLE_HEAD + len(args).to_bytes(8, "little") + args
+        return {"key": key, **self.shared, "args": args}
 
-    def keep_result(self, row: int, data: bytes) -> bool:
-        """Keep the pickled result of ``row``; False (nothing kept) when it is too large
-        to keep here."""
-        if len(data) > PIECE_RESULT_MAX_BYTES:
+    def keep_result(self, row: int, data: Any) -> bool:
+        """Keep the pickled result of ``row``; False (nothing kept) when it is not a small
+        pickle, to keep elsewhere."""
+        if type(data) is not bytes or len(data) > PIECE_RESULT_MAX_BYTES:
             return False
         with self.lock:
             at = self._result_at
             if at is None:
-                at = self._result_at = array("I", bytes(8 * self.rows))
+                at = self._result_at = array("I", bytes(4 * self.rows))
             results = self._results
-            at[2 * row] = len(results)
-            at[2 * row + 1] = len(data) + 1
-            results += data
+            at[row] = len(results) + 1
+            if data[:3] == _PICKLE_HEAD:
+                results += memoryview(data)[_PICKLE_HEAD_BYTES:]
+            else:
+                results += data
         return True
 
     def result(self, row: int) -> bytes | None:
-        """The pickled result of ``row`` kept here, if any."""
+        """The pickled result of ``row`` kept here, if any (with what follows it)."""
         with self.lock:
             at = self._result_at
-            if at is None or not at[2 * row + 1]:
+            if at is None or not at[row]:
                 return None
-            start = at[2 * row]
-            return bytes(self._results[start : start + at[2 * row + 1] - 1])
+            start = at[row] - 1
+            kept = bytes(self._results[start : start + PIECE_RESULT_MAX_BYTES])
+        return kept if kept[0] == _PROTO_5[0] else _PROTO_5 + kept
 
     def has_result(self, row: int) -> bool:
         at = self._result_at
-        return at is not None and at[2 * row + 1] != 0
+        return at is not None and at[row] != 0
 
     def loaded(self, row: int) -> None:
         """The result of ``row`` was loaded (its state keeps the value): not needed here
         any longer; with every row's loaded, the buffer is let go."""
         with self.lock:
             at = self._result_at
-            if at is None or not at[2 * row + 1]:
+            if at is None or not at[row]:
                 return
-            at[2 * row + 1] = 0
+            at[row] = 0
             self._loaded += 1
             if self._loaded == self.rows:
                 self._result_at = None
                 self._results = bytearray()
                 self._loaded = 0
+
+
+def _headless(pickles: list[bytes]) -> list[bytes] | None:
+    """``pickles`` without their heads, when each has the head ``MapPiece.spec`` puts
+    back (PROTO 5, and one FRAME of all the rest); else None."""
+    out = []
+    unpack, head, head_bytes = _HEAD.unpack_from, _PICKLE_HEAD, _PICKLE_HEAD_BYTES
+    for data in pickles:
+        if len(data) < head_bytes or unpack(data) != (head, len(data) - head_bytes):
+            return None
+        out.append(data[head_bytes:])
+    return out
 
 
 class _Rare:

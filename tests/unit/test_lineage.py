@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 from apportion.futures import FutureState, MapPiece
 from apportion.lineage import re_registration
 
@@ -68,3 +70,35 @@ def test_a_maps_states_share_their_message_and_give_it_whole() -> None:
     first.spec = {"key": "inc-1", "func": b"g", "args": b"again"}  # replaced (restored)
     assert first.spec == {"key": "inc-1", "func": b"g", "args": b"again"}
     assert second.spec is not None and second.spec["args"] == b"two"
+
+
+def test_a_piece_gives_back_the_arguments_it_kept_without_their_pickle_heads() -> None:
+    piece = MapPiece({"func": b"f"})
+    sent = [pickle.dumps(((i,), {}), protocol=5) for i in (1, 300, 10**9)]
+    rows = [piece.add(args) for args in sent]
+    piece.close()
+    assert [piece.spec("k", row)["args"] for row in rows] == sent  # the same bytes
+    odd = MapPiece({"func": b"f"})
+    rows = [odd.add(b"not a pickle"), odd.add(sent[0])]
+    odd.close()
+    assert [odd.spec("k", row)["args"] for row in rows] == [b"not a pickle", sent[0]]
+
+
+def test_a_piece_keeps_small_results_until_every_one_is_loaded() -> None:
+    piece = MapPiece({"func": b"f"})
+    states = [FutureState(f"inc-{i}") for i in range(3)]
+    for state in states:
+        state.submitted_with(piece, piece.add(b"args"))
+    piece.close()
+    values = [10**6, "x" * 40, 5]  # a pickle with a head, another, one without
+    for state, value in zip(states, values, strict=True):
+        state.finish(["w"], pickle.dumps(value, protocol=5))
+        assert state.data is None and state.has_value()  # kept by the piece
+    large = FutureState("inc-large")
+    large.submitted_with(piece, 0)
+    large.finish(["w"], pickle.dumps(b"y" * 1000, protocol=5))
+    assert large.data is not None  # too large for the piece: kept by its state
+    assert [s.value() for s in states[:2]] == values[:2]
+    assert piece.has_result(2) and not piece.has_result(0)
+    assert states[2].value() == 5 and states[2].value() == 5
+    assert piece.result(2) is None and piece._result_at is None  # let go once all loaded
