@@ -401,7 +401,10 @@ class Client(metaclass=_ClientType):
         parent = current_task_key()
         if parent is not None:  # (_enqueue sets it on what is sent; this is the lineage)
             shared["parent"] = parent
+        # The rows that keep their lineage in the piece, and their arguments.
         piece = MapPiece(shared)
+        piece_states: list[FutureState] = []
+        piece_args: list[bytes] = []
         futures: list[Future] = []
         with self._lock:
             states = self._states
@@ -420,13 +423,14 @@ class Client(metaclass=_ClientType):
                             state.deps = list(filter(None, map(states.get, deps)))
                         state.spec = spec  # (rare in a map: kept whole)
                     else:
-                        state.submitted_with(piece, piece.add(args_bytes))
+                        piece_states.append(state)
+                        piece_args.append(args_bytes)
                     specs.append(spec)
                 else:
                     state = known
                 state.refs += 1
                 futures.append(Future.counted(key, self, state))
-            piece.close()
+            piece.keep(piece_states, piece_args)
         return specs, futures
 
     def _check_task(self, key: str, deps: Iterable[str], nbytes: int, limit: int) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import copy
 import itertools
+import pickle
 import queue
 import struct
 import threading
@@ -60,12 +61,12 @@ _ROWS = tuple(range(PIECE_ROWS))
 PIECE_ARGS_MAX_BYTES = 256
 PIECE_RESULT_MAX_BYTES = 256
 # How a small pickle begins: PROTO 5, then a FRAME of the rest's length (11 bytes of a
-# result of 17). A piece keeps the rest only: a pickle needs neither (both only say how
-# to read it), and pickle.loads ignores what follows the pickle's end, so a result kept
+# result of 17). A piece keeps the rest only: a pickle needs neither (FRAME only says how
+# much to read at once; PROTO only asks for Python 2's names, which fix_imports=False
+# declines too), and pickle.loads ignores what follows the pickle's end, so a result kept
 # in one buffer with others needs no length of its own either.
 _PICKLE_HEAD = b"\x80\x05\x95"
 _PICKLE_HEAD_BYTES = 11
-_PROTO_5 = b"\x80\x05"
 # The head of a pickle: PROTO 5, FRAME and the frame's length.
 _HEAD = struct.Struct("<3sQ")
 
@@ -77,18 +78,15 @@ class MapPiece:
     arguments one after the other in one buffer (their lineage), and likewise their small
     pickled results until loaded.
 
-    Results are written on the client's loop thread and read on users' threads: under
-    ``lock``. Once every row's result was loaded, their buffer is let go."""
+    Results are added on the client's loop thread and read on users' threads, each step a
+    single operation under the interpreter's lock: no lock of its own."""
 
     __slots__ = (
         "_args",
         "_ends",
         "_headless",
-        "_loaded",
-        "_pending",
         "_result_at",
         "_results",
-        "lock",
         "rows",
         "shared",
     )
@@ -96,31 +94,25 @@ class MapPiece:
     def __init__(self, shared: dict[str, Any]) -> None:
         self.shared = shared
         self.rows = 0
-        self._pending: list[bytes] = []
         self._args = b""
         self._ends = array("I")
         self._headless = False  # the arguments kept without their pickle's head
-        self.lock = threading.Lock()
         # Per row: where its result starts in ``_results``, plus one (0: none here); made
         # with the first result.
         self._result_at: array[int] | None = None
         self._results = bytearray()
-        self._loaded = 0  # rows whose result was loaded since ``_result_at`` was made
 
-    def add(self, args: bytes) -> int:
-        """Take a task's arguments (until ``close``); its row."""
-        row = self.rows
-        self.rows += 1
-        self._pending.append(args)
-        return _ROWS[row] if row < PIECE_ROWS else row
-
-    def close(self) -> None:
-        """Keep the arguments taken in one buffer (once every row was added, before any
-        ``spec``)."""
-        pending, self._pending = self._pending, []
-        headless = _headless(pending)
+    def keep(self, states: list[FutureState], arguments: list[bytes]) -> None:
+        """Keep ``arguments`` (pickled) as the lineage of ``states``, row by row: each
+        state keeps its row here (``FutureState.submitted_with``). Once per piece."""
+        rows = _ROWS
+        for row, state in enumerate(states):
+            state._spec = rows[row] if row < PIECE_ROWS else row
+            state._with = self
+        self.rows = len(states)
+        headless = _headless(arguments)
         self._headless = headless is not None
-        kept = pending if headless is None else headless
+        kept = arguments if headless is None else headless
         self._args = b"".join(kept)
         self._ends = array("I", itertools.accumulate(map(len, kept)))
 
@@ -135,30 +127,27 @@ class MapPiece:
 
     def keep_result(self, row: int, data: Any) -> bool:
         """Keep the pickled result of ``row``; False (nothing kept) when it is not a small
-        pickle, to keep elsewhere."""
+        pickle, to keep elsewhere. On the loop thread only, without the lock: it only adds
+        (what ``loaded`` lets go is for rows loaded already)."""
         if type(data) is not bytes or len(data) > PIECE_RESULT_MAX_BYTES:
             return False
-        with self.lock:
-            at = self._result_at
-            if at is None:
-                at = self._result_at = array("I", bytes(4 * self.rows))
-            results = self._results
-            at[row] = len(results) + 1
-            if data[:3] == _PICKLE_HEAD:
-                results += memoryview(data)[_PICKLE_HEAD_BYTES:]
-            else:
-                results += data
+        at = self._result_at
+        if at is None:
+            at = self._result_at = array("I", bytes(4 * self.rows))
+        results = self._results
+        at[row] = len(results) + 1
+        results += data[_PICKLE_HEAD_BYTES:] if data[:3] == _PICKLE_HEAD else data
         return True
 
-    def result(self, row: int) -> bytes | None:
-        """The pickled result of ``row`` kept here, if any (with what follows it)."""
-        with self.lock:
-            at = self._result_at
-            if at is None or not at[row]:
-                return None
-            start = at[row] - 1
-            kept = bytes(self._results[start : start + PIECE_RESULT_MAX_BYTES])
-        return kept if kept[0] == _PROTO_5[0] else _PROTO_5 + kept
+    def result(self, row: int) -> bytearray | None:
+        """The pickled result of ``row`` kept here, if any (with what follows it: see
+        ``load``)."""
+        results = self._results  # (before the rows: see loaded)
+        at = self._result_at
+        if at is None or not at[row]:
+            return None
+        start = at[row] - 1
+        return results[start : start + PIECE_RESULT_MAX_BYTES]
 
     def has_result(self, row: int) -> bool:
         at = self._result_at
@@ -166,17 +155,16 @@ class MapPiece:
 
     def loaded(self, row: int) -> None:
         """The result of ``row`` was loaded (its state keeps the value): not needed here
-        any longer; with every row's loaded, the buffer is let go."""
-        with self.lock:
-            at = self._result_at
-            if at is None or not at[row]:
-                return
-            at[row] = 0
-            self._loaded += 1
-            if self._loaded == self.rows:
-                self._result_at = None
-                self._results = bytearray()
-                self._loaded = 0
+        any longer. Once the last row's is, and no row's is kept, the buffer is let go (a
+        result added meanwhile is lost to it: its future fetches it from its worker)."""
+        at = self._result_at
+        if at is None:
+            return
+        at[row] = 0
+        if row == self.rows - 1 and at.count(0) == len(at):
+            # The rows first: a reader that took the old buffer finds no row in it.
+            self._result_at = None
+            self._results = bytearray()
 
 
 def _headless(pickles: list[bytes]) -> list[bytes] | None:
@@ -205,7 +193,7 @@ class _Rare:
         # fresh copy (see FutureState.exception()).
         self.reason: BaseException | None = None
         self.error: tuple[bytes, str] | None = None
-        self.arguments: tuple[Any, ...] = ()
+        self.arguments: tuple[Any, ...] | None = None
 
 
 class _Unloaded:
@@ -291,8 +279,8 @@ class FutureState:
 
     def submitted_with(self, piece: MapPiece, row: int) -> None:
         """Keep as lineage the ``row`` of a piece of a map (``piece.spec(key, row)`` gives
-        its message): a map's futures need not each keep a message, nor their arguments,
-        of their own."""
+        its message; ``MapPiece.keep`` does this for a whole piece): a map's futures need
+        not each keep a message, nor their arguments, of their own."""
         self._spec = row
         self._with = piece
 
@@ -308,7 +296,9 @@ class FutureState:
         (apportion/stored_args.py): their futures, held as long as this state, so that
         released means freed."""
         rare = self._rare
-        return () if rare is None else rare.arguments
+        if rare is None or rare.arguments is None:
+            raise AttributeError(f"task {self.key!r} has no arguments stored on a worker")
+        return rare.arguments
 
     @arguments.setter
     def arguments(self, arguments: tuple[Any, ...]) -> None:
@@ -420,7 +410,10 @@ class FutureState:
         if self._result is not _MISSING:
             return True
         row = self._spec
-        return type(row) is int and self._with.has_result(row)
+        if type(row) is not int:
+            return False
+        at = self._with._result_at
+        return at is not None and at[row] != 0
 
     def value(self) -> Any:
         result = self._result
@@ -428,7 +421,7 @@ class FutureState:
             row = self._spec
             kept = self._with.result(row) if type(row) is int else None
             if kept is not None:
-                value = loads_value(kept)
+                value = pickle.loads(kept, fix_imports=False)
                 self._result = value
                 self._with.loaded(row)  # (after: a thread finding it gone finds the value)
                 return value

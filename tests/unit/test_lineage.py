@@ -58,9 +58,7 @@ def test_a_long_chain_is_walked_without_recursion() -> None:
 def test_a_maps_states_share_their_message_and_give_it_whole() -> None:
     piece = MapPiece({"func": b"f", "resources": {"GPU": 1}})
     first, second = FutureState("inc-1"), FutureState("inc-2")
-    first.submitted_with(piece, piece.add(b"one"))
-    second.submitted_with(piece, piece.add(b"two"))
-    piece.close()
+    piece.keep([first, second], [b"one", b"two"])
     specs, lineage_only = re_registration([first, second])
     assert specs == [
         {"key": "inc-1", "func": b"f", "resources": {"GPU": 1}, "args": b"one"},
@@ -75,21 +73,20 @@ def test_a_maps_states_share_their_message_and_give_it_whole() -> None:
 def test_a_piece_gives_back_the_arguments_it_kept_without_their_pickle_heads() -> None:
     piece = MapPiece({"func": b"f"})
     sent = [pickle.dumps(((i,), {}), protocol=5) for i in (1, 300, 10**9)]
-    rows = [piece.add(args) for args in sent]
-    piece.close()
-    assert [piece.spec("k", row)["args"] for row in rows] == sent  # the same bytes
+    states = [FutureState(f"inc-{i}") for i in range(3)]
+    piece.keep(states, sent)
+    assert [state.spec for state in states] == [
+        {"key": f"inc-{i}", "func": b"f", "args": args} for i, args in enumerate(sent)
+    ]  # the same bytes
     odd = MapPiece({"func": b"f"})
-    rows = [odd.add(b"not a pickle"), odd.add(sent[0])]
-    odd.close()
-    assert [odd.spec("k", row)["args"] for row in rows] == [b"not a pickle", sent[0]]
+    odd.keep(states[:2], [b"not a pickle", sent[0]])
+    assert [s.spec["args"] for s in states[:2]] == [b"not a pickle", sent[0]]
 
 
 def test_a_piece_keeps_small_results_until_every_one_is_loaded() -> None:
     piece = MapPiece({"func": b"f"})
     states = [FutureState(f"inc-{i}") for i in range(3)]
-    for state in states:
-        state.submitted_with(piece, piece.add(b"args"))
-    piece.close()
+    piece.keep(states, [b"args"] * 3)
     values = [10**6, "x" * 40, 5]  # a pickle with a head, another, one without
     for state, value in zip(states, values, strict=True):
         state.finish(["w"], pickle.dumps(value, protocol=5))
