@@ -67,6 +67,7 @@ PIECE_RESULT_MAX_BYTES = 256
 # in one buffer with others needs no length of its own either.
 _PICKLE_HEAD = b"\x80\x05\x95"
 _PICKLE_HEAD_BYTES = 11
+_PROTO = 0x80
 # The head of a pickle: PROTO 5, FRAME and the frame's length.
 _HEAD = struct.Struct("<3sQ")
 
@@ -421,7 +422,8 @@ class FutureState:
             row = self._spec
             kept = self._with.result(row) if type(row) is int else None
             if kept is not None:
-                value = pickle.loads(kept, fix_imports=False)
+                # (a pickle kept whole begins with its PROTO: read as it says)
+                value = pickle.loads(kept, fix_imports=kept[0] == _PROTO)
                 self._result = value
                 self._with.loaded(row)  # (after: a thread finding it gone finds the value)
                 return value
