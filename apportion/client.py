@@ -52,7 +52,16 @@ from apportion.data import (
 )
 from apportion.errors import FrameTooLargeError, SchedulerConnectionError
 from apportion.future_table import FutureTable
-from apportion.futures import Future, FutureState, blocking_wait, collect_futures, states_of
+from apportion.futures import (
+    PIECE_ARGS_MAX_BYTES,
+    PIECE_ROWS,
+    Future,
+    FutureState,
+    MapPiece,
+    blocking_wait,
+    collect_futures,
+    states_of,
+)
 from apportion.lineage import failed as failed_lineage
 from apportion.local import LocalCluster
 from apportion.logs import line_count, recent_lines, show_task_output
@@ -137,7 +146,7 @@ class _ClientType(type):
 
 # Tasks of one map() sent per message: a huge map reaches the scheduler in pieces it can
 # start on, instead of one message it reads and handles whole before placing any.
-MAP_SUBMIT_BATCH = 10_000
+MAP_SUBMIT_BATCH = PIECE_ROWS
 
 
 def _demand(options: dict[str, Any]) -> bytes:
@@ -351,13 +360,14 @@ class Client(metaclass=_ClientType):
         """A piece of a map: the messages to send and a future per row, as ``_prepare``
         makes them one at a time (the same keys), with what the rows share worked out
         once and the futures made under one lock. The lineage a row's future keeps is its
-        pickled arguments beside the message the piece shares (``submitted_with``). A row
-        with a large argument (to store on a worker) goes through ``_prepare``."""
+        row of the piece's ``MapPiece`` (``submitted_with``). A row with a large argument
+        (to store on a worker) goes through ``_prepare``."""
         self.session.check_open()
         if not callable(func):
             raise TypeError(f"first argument must be callable, got {type(func).__name__}")
         func_bytes = self._functions.dumps(func)
         limit = task_bytes_limit(self.session.peer_max_frame)
+        room = limit - len(func_bytes)  # for the arguments
         name = prefix or getattr(func, "__name__", type(func).__name__)
         # tokenize(func_bytes, args, demand), with the function's bytes hashed once.
         hashed = hashlib.blake2b(func_bytes, digest_size=16) if pure else None
@@ -381,7 +391,8 @@ class Client(metaclass=_ClientType):
                 key = f"{name}-{digest.hexdigest()}"
             else:
                 key = f"{name}-{table.unique_token()}"
-            self._check_task(key, deps, len(func_bytes) + len(args_bytes), limit)
+            if deps or len(args_bytes) > room:  # else nothing to refuse: no call per row
+                self._check_task(key, deps, len(func_bytes) + len(args_bytes), limit)
             prepared.append((key, args_bytes, deps))
         # What every task of the piece is sent with besides its key and arguments.
         shared = {"func": func_bytes, **options}
@@ -390,6 +401,10 @@ class Client(metaclass=_ClientType):
         parent = current_task_key()
         if parent is not None:  # (_enqueue sets it on what is sent; this is the lineage)
             shared["parent"] = parent
+        # The rows that keep their lineage in the piece, and their arguments.
+        piece = MapPiece(shared)
+        piece_states: list[FutureState] = []
+        piece_args: list[bytes] = []
         futures: list[Future] = []
         with self._lock:
             states = self._states
@@ -402,17 +417,20 @@ class Client(metaclass=_ClientType):
                 if known is None or known.status == "cancelled":
                     state = states[key] = FutureState(key)
                     spec = {"key": key, **shared, "args": args_bytes}
-                    if deps:
-                        spec["deps"] = tuple(deps)
+                    if deps or len(args_bytes) > PIECE_ARGS_MAX_BYTES:
+                        if deps:
+                            spec["deps"] = tuple(deps)
+                            state.deps = list(filter(None, map(states.get, deps)))
                         state.spec = spec  # (rare in a map: kept whole)
-                        state.deps = list(filter(None, map(states.get, deps)))
                     else:
-                        state.submitted_with(shared, args_bytes)
+                        piece_states.append(state)
+                        piece_args.append(args_bytes)
                     specs.append(spec)
                 else:
                     state = known
                 state.refs += 1
                 futures.append(Future.counted(key, self, state))
+            piece.keep(piece_states, piece_args)
         return specs, futures
 
     def _check_task(self, key: str, deps: Iterable[str], nbytes: int, limit: int) -> None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import itertools
+import pickle
 import queue
+import struct
 import threading
 import time
+from array import array
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -23,7 +27,6 @@ _MISSING = object()
 # cost, not memory, is what these save: see test_future_state_gc.py).
 _NO_DEPS: list[Any] = []  # most tasks have no dependencies
 _NO_HOLDERS: list[str] = []  # until finished
-_NO_CALLBACKS: list[Any] = []  # most futures get no callback
 # A state's lock guards a few assignments, never while another state's is held, and is
 # held for microseconds: states share a fixed set of locks rather than owning one each
 # (a lock is an object the collector tracks).
@@ -46,95 +49,289 @@ def blocking_wait() -> AbstractContextManager[Any]:
     return _blocking_wait()
 
 
-class FutureState:
-    """What the client knows of one key; shared by every Future of that key."""
+# The rows of a piece of a map (client.map submits a piece at a time).
+PIECE_ROWS = 10_000
+# Row numbers, one object each, shared by every piece (a state keeps its row: an int of
+# its own would cost more than the arguments it stands for).
+_ROWS = tuple(range(PIECE_ROWS))
+# The arguments of a map's task kept in its piece's buffer when they pickle to at most
+# this many bytes, and likewise a result that rides with its completion message: what a
+# released task kept stays there until its whole piece is gone, so larger ones are kept
+# by their own state.
+PIECE_ARGS_MAX_BYTES = 256
+PIECE_RESULT_MAX_BYTES = 256
+# How a small pickle begins: PROTO 5, then a FRAME of the rest's length (11 bytes of a
+# result of 17). A piece keeps the rest only: a pickle needs neither (FRAME only says how
+# much to read at once; PROTO only asks for Python 2's names, which fix_imports=False
+# declines too), and pickle.loads ignores what follows the pickle's end, so a result kept
+# in one buffer with others needs no length of its own either.
+_PICKLE_HEAD = b"\x80\x05\x95"
+_PICKLE_HEAD_BYTES = 11
+_PROTO = 0x80
+# The head of a pickle: PROTO 5, FRAME and the frame's length.
+_HEAD = struct.Struct("<3sQ")
+
+
+class MapPiece:
+    """What the tasks of one piece of a map without dependencies keep in common, so that
+    each task's state keeps only its row here (``FutureState.submitted_with``): the
+    message they share (every field but the key and the arguments), their pickled
+    arguments one after the other in one buffer (their lineage), and likewise their small
+    pickled results until loaded.
+
+    Results are added on the client's loop thread and read on users' threads, each step a
+    single operation under the interpreter's lock: no lock of its own."""
 
     __slots__ = (
-        "_done",
-        "_event",
-        "_reason",
-        "_shared",
-        "_spec",
-        "_value",
-        "arguments",
-        "callbacks",
-        "data",
-        "deps",
-        "error",
-        "key",
-        "refs",
-        "status",
-        "who_has",
+        "_args",
+        "_ends",
+        "_headless",
+        "_result_at",
+        "_results",
+        "rows",
+        "shared",
     )
+
+    def __init__(self, shared: dict[str, Any]) -> None:
+        self.shared = shared
+        self.rows = 0
+        self._args = b""
+        self._ends = array("I")
+        self._headless = False  # the arguments kept without their pickle's head
+        # Per row: where its result starts in ``_results``, plus one (0: none here); made
+        # with the first result.
+        self._result_at: array[int] | None = None
+        self._results = bytearray()
+
+    def keep(self, states: list[FutureState], arguments: list[bytes]) -> None:
+        """Keep ``arguments`` (pickled) as the lineage of ``states``, row by row: each
+        state keeps its row here (``FutureState.submitted_with``). Once per piece."""
+        rows = _ROWS
+        for row, state in enumerate(states):
+            state._spec = rows[row] if row < PIECE_ROWS else row
+            state._with = self
+        self.rows = len(states)
+        headless = _headless(arguments)
+        self._headless = headless is not None
+        kept = arguments if headless is None else headless
+        self._args = b"".join(kept)
+        self._ends = array("I", itertools.accumulate(map(len, kept)))
+
+    def spec(self, key: str, row: int) -> dict[str, Any]:
+        """The message of the task of ``key`` at ``row``, as it was submitted."""
+        ends = self._ends
+        start = ends[row - 1] if row else 0
+        args = self._args[start : ends[row]]
+        if self._headless:  # the same bytes as sent
+            args = _PICKLE_HEAD + len(args).to_bytes(8, "little") + args
+        return {"key": key, **self.shared, "args": args}
+
+    def keep_result(self, row: int, data: Any) -> bool:
+        """Keep the pickled result of ``row``; False (nothing kept) when it is not a small
+        pickle, to keep elsewhere. On the loop thread only, without the lock: it only adds
+        (what ``loaded`` lets go is for rows loaded already)."""
+        if type(data) is not bytes or len(data) > PIECE_RESULT_MAX_BYTES:
+            return False
+        at = self._result_at
+        if at is None:
+            at = self._result_at = array("I", bytes(4 * self.rows))
+        results = self._results
+        at[row] = len(results) + 1
+        results += data[_PICKLE_HEAD_BYTES:] if data[:3] == _PICKLE_HEAD else data
+        return True
+
+    def result(self, row: int) -> bytearray | None:
+        """The pickled result of ``row`` kept here, if any (with what follows it: see
+        ``load``)."""
+        results = self._results  # (before the rows: see loaded)
+        at = self._result_at
+        if at is None or not at[row]:
+            return None
+        start = at[row] - 1
+        return results[start : start + PIECE_RESULT_MAX_BYTES]
+
+    def has_result(self, row: int) -> bool:
+        at = self._result_at
+        return at is not None and at[row] != 0
+
+    def loaded(self, row: int) -> None:
+        """The result of ``row`` was loaded (its state keeps the value): not needed here
+        any longer. Once the last row's is, and no row's is kept, the buffer is let go (a
+        result added meanwhile is lost to it: its future fetches it from its worker)."""
+        at = self._result_at
+        if at is None:
+            return
+        at[row] = 0
+        if row == self.rows - 1 and at.count(0) == len(at):
+            # The rows first: a reader that took the old buffer finds no row in it.
+            self._result_at = None
+            self._results = bytearray()
+
+
+def _headless(pickles: list[bytes]) -> list[bytes] | None:
+    """``pickles`` without their heads, when each has the head ``MapPiece.spec`` puts
+    back (PROTO 5, and one FRAME of all the rest); else None."""
+    out = []
+    unpack, head, head_bytes = _HEAD.unpack_from, _PICKLE_HEAD, _PICKLE_HEAD_BYTES
+    for data in pickles:
+        if len(data) < head_bytes or unpack(data) != (head, len(data) - head_bytes):
+            return None
+        out.append(data[head_bytes:])
+    return out
+
+
+class _Rare:
+    """What few states ever get, kept apart so that the others need no slot for it: the
+    callbacks to call once done (one, or a list), the Event of a blocking wait, the
+    reason of a cancellation, the task's error, and large arguments stored on a worker."""
+
+    __slots__ = ("arguments", "callbacks", "error", "event", "reason")
+
+    def __init__(self) -> None:
+        self.callbacks: Callable[[], None] | list[Callable[[], None]] | None = None
+        self.event: threading.Event | None = None
+        # Why it was cancelled. Kept as a template only: what the client raises is always a
+        # fresh copy (see FutureState.exception()).
+        self.reason: BaseException | None = None
+        self.error: tuple[bytes, str] | None = None
+        self.arguments: tuple[Any, ...] | None = None
+
+
+class _Unloaded:
+    """A result as it came (pickled), until loaded: what a state's ``_result`` holds
+    between the two (a class of its own: a task's value may be bytes too)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+
+class FutureState:
+    """What the client knows of one key; shared by every Future of that key.
+
+    A client keeps one per wanted key, a million for a map of a million, so it keeps few
+    slots: what only some states need lives in a ``_Rare`` made on first use, and a map's
+    tasks keep their lineage and their small results in the piece of the map they came
+    with (``MapPiece``)."""
+
+    __slots__ = ("_rare", "_result", "_spec", "_with", "key", "refs", "status", "who_has")
 
     def __init__(self, key: str) -> None:
         self.key = key
+        # Done is any status but pending.
         self.status = "pending"
-        # Done flag, and an Event made only once someone blocks on a pending state: most
-        # futures are never waited on while pending (chains, map then gather).
-        self._done = False
-        self._event: threading.Event | None = None
-        self.data: bytes | None = None
-        self._value: Any = _MISSING
-        self.error: tuple[bytes, str] | None = None
-        # Why it was cancelled. Kept as a template only: what the client raises is always a
-        # fresh copy (see exception()).
-        self._reason: BaseException | None = None
+        # Nothing yet (_MISSING), the result as it came (_Unloaded), or its value.
+        self._result: Any = _MISSING
         self.who_has: list[str] = _NO_HOLDERS
         # How many Futures hold this state (counted by the client's future table).
         self.refs = 0
-        self.callbacks: list[Callable[[], None]] = _NO_CALLBACKS
+        self._rare: _Rare | None = None
         # Lineage, for a new scheduler after a restart (see apportion/lineage.py): the
-        # message the task was submitted with (``spec``), and the states of its
-        # dependencies. The tasks of one map() keep only their pickled arguments here,
-        # and share the rest of their message (see ``submitted_with``).
-        self._spec: dict[str, Any] | bytes | None = None
-        self._shared: dict[str, Any] | None = None
-        self.deps: list[FutureState] = _NO_DEPS
+        # message the task was submitted with (``_spec``: a dict), and in ``_with`` the
+        # states of its dependencies (a list); or, for a task of a map, ``_spec`` its row
+        # and ``_with`` its piece (see ``submitted_with``).
+        self._spec: dict[str, Any] | int | None = None
+        self._with: Any = _NO_DEPS
 
     @property
     def lock(self) -> threading.Lock:
         """The lock guarding this state's few assignments (one of a fixed set, by key)."""
         return _LOCKS[hash(self.key) & 63]
 
+    def _rare_fields(self) -> _Rare:
+        rare = self._rare
+        if rare is None:
+            with self.lock:  # (the loop thread and a waiting thread may both get here)
+                rare = self._rare
+                if rare is None:
+                    rare = self._rare = _Rare()
+        return rare
+
     @property
     def spec(self) -> dict[str, Any] | None:
         """The message this task was submitted with (its lineage), or None."""
         spec = self._spec
-        shared = self._shared
-        if shared is None or spec is None:
-            return spec  # type: ignore[return-value]  # a dict, or None
-        return {"key": self.key, **shared, "args": spec}
+        if type(spec) is int:
+            return self._with.spec(self.key, spec)
+        return spec  # type: ignore[return-value]  # a dict, or None
 
     @spec.setter
     def spec(self, spec: dict[str, Any] | None) -> None:
+        if type(self._spec) is int:
+            self._with = _NO_DEPS
         self._spec = spec
-        self._shared = None
 
-    def submitted_with(self, shared: dict[str, Any], args: bytes) -> None:
-        """Keep as lineage a task whose message is ``shared`` (every field but its key
-        and arguments, the same object for every task of a map) with ``args``: a map's
-        futures need not each keep a message of their own."""
-        self._spec = args
-        self._shared = shared
+    def has_lineage(self) -> bool:
+        """Whether the message this task was submitted with is known (``spec``)."""
+        return self._spec is not None
 
-    # Set only for a task with large arguments stored on a worker (apportion/stored_args.py):
-    # their futures, held as long as this state, so that released means freed.
-    arguments: tuple[Any, ...]
+    @property
+    def deps(self) -> list[FutureState]:
+        """The states of the tasks this one is computed from (its lineage's)."""
+        deps = self._with
+        return deps if type(deps) is list else _NO_DEPS
+
+    @deps.setter
+    def deps(self, deps: list[FutureState]) -> None:
+        if type(self._spec) is int:
+            raise ValueError(f"task {self.key!r} of a map piece has no dependencies to set")
+        self._with = deps
+
+    def submitted_with(self, piece: MapPiece, row: int) -> None:
+        """Keep as lineage the ``row`` of a piece of a map (``piece.spec(key, row)`` gives
+        its message; ``MapPiece.keep`` does this for a whole piece): a map's futures need
+        not each keep a message, nor their arguments, of their own."""
+        self._spec = row
+        self._with = piece
+
+    @property
+    def error(self) -> tuple[bytes, str] | None:
+        """The task's error (pickled exception, traceback text), once it failed."""
+        rare = self._rare
+        return None if rare is None else rare.error
+
+    @property
+    def arguments(self) -> tuple[Any, ...]:
+        """Set only for a task with large arguments stored on a worker
+        (apportion/stored_args.py): their futures, held as long as this state, so that
+        released means freed."""
+        rare = self._rare
+        if rare is None or rare.arguments is None:
+            raise AttributeError(f"task {self.key!r} has no arguments stored on a worker")
+        return rare.arguments
+
+    @arguments.setter
+    def arguments(self, arguments: tuple[Any, ...]) -> None:
+        self._rare_fields().arguments = arguments
+
+    @property
+    def data(self) -> Any:
+        """The result as it came (pickled) while not loaded and kept by this state."""
+        result = self._result
+        return result.data if type(result) is _Unloaded else None
+
+    @property
+    def _event(self) -> threading.Event | None:
+        rare = self._rare
+        return None if rare is None else rare.event
 
     # Called on the client's event-loop thread.
     def finish(self, who_has: list[str], data: bytes | None) -> None:
         self.who_has = who_has
-        if data is not None:
-            self.data = data
+        result = self._result
+        if data is not None and (result is _MISSING or type(result) is _Unloaded):
+            row = self._spec
+            if type(row) is not int or not self._with.keep_result(row, data):
+                self._result = _Unloaded(data)
         self._set("finished")
 
     def fail(self, exception: bytes, traceback: str) -> None:
-        self.error = (exception, traceback)
+        self._rare_fields().error = (exception, traceback)
         self._set("error")
 
     def cancel(self, reason: BaseException | None = None) -> None:
-        self._reason = reason or CancelledError(f"task {self.key!r} was cancelled")
+        self._rare_fields().reason = reason or CancelledError(f"task {self.key!r} was cancelled")
         self._set("cancelled")
 
     def lose(self) -> None:
@@ -142,83 +339,117 @@ class FutureState:
         with self.lock:
             if self.has_value():
                 return
-            self.status = "pending"
-            self._done = False
-            if self._event is not None:
-                self._event.clear()
+            self._pending()
 
     def restart(self) -> None:
         """It runs again (``Future.retry``): pending, its error forgotten."""
         with self.lock:
-            self.status = "pending"
-            self.error = None
-            self._done = False
-            if self._event is not None:
-                self._event.clear()
+            if self._rare is not None:
+                self._rare.error = None
+            self._pending()
+
+    def _pending(self) -> None:
+        # (under the lock)
+        self.status = "pending"
+        event = self._event
+        if event is not None:
+            event.clear()
 
     def _set(self, status: str) -> None:
         with self.lock:
             self.status = status
-            self._done = True
-            callbacks, self.callbacks = self.callbacks, _NO_CALLBACKS
-            event = self._event
+            rare = self._rare
+            if rare is None:
+                return  # nothing waits for it
+            callbacks, rare.callbacks = rare.callbacks, None
+            event = rare.event
         if event is not None:
             event.set()
-        for callback in callbacks:
-            callback()
+        if isinstance(callbacks, list):
+            for callback in callbacks:
+                callback()
+        elif callbacks is not None:
+            callbacks()
 
     def add_callback(self, callback: Callable[[], None]) -> None:
-        with self.lock:
-            if not self._done:
-                if self.callbacks is _NO_CALLBACKS:
-                    self.callbacks = [callback]
-                else:
-                    self.callbacks.append(callback)
-                return
+        if self.status == "pending":
+            rare = self._rare_fields()
+            with self.lock:
+                if self.status == "pending":
+                    callbacks = rare.callbacks
+                    if callbacks is None:
+                        rare.callbacks = callback
+                    elif isinstance(callbacks, list):
+                        callbacks.append(callback)
+                    else:
+                        rare.callbacks = [callbacks, callback]
+                    return
         callback()
 
     def is_done(self) -> bool:
-        return self._done
+        return self.status != "pending"
 
     @property
     def event(self) -> threading.Event:
         """An Event set while the state is done (created on first use)."""
+        rare = self._rare_fields()
         with self.lock:
-            if self._event is None:
-                self._event = threading.Event()
-                if self._done:
-                    self._event.set()
-            return self._event
+            if rare.event is None:
+                rare.event = threading.Event()
+                if self.status != "pending":
+                    rare.event.set()
+            return rare.event
 
     def wait(self, timeout: float | None) -> bool:
         """Block until done; False if ``timeout`` passed first."""
-        if self._done:
+        if self.status != "pending":
             return True
         return self.event.wait(timeout)
 
     # Called on user threads.
     def has_value(self) -> bool:
-        return self._value is not _MISSING or self.data is not None
+        if self._result is not _MISSING:
+            return True
+        row = self._spec
+        if type(row) is not int:
+            return False
+        at = self._with._result_at
+        return at is not None and at[row] != 0
 
     def value(self) -> Any:
-        if self._value is _MISSING:
-            if self.data is None:
+        result = self._result
+        if result is _MISSING:
+            row = self._spec
+            kept = self._with.result(row) if type(row) is int else None
+            if kept is not None:
+                # (a pickle kept whole begins with its PROTO: read as it says)
+                value = pickle.loads(kept, fix_imports=kept[0] == _PROTO)
+                self._result = value
+                self._with.loaded(row)  # (after: a thread finding it gone finds the value)
+                return value
+            result = self._result  # loaded (or fetched) by another thread meanwhile?
+            if result is _MISSING:
                 raise LookupError(self.key)
-            self._value = loads_value(self.data)
-            self.data = None
-        return self._value
+        if type(result) is _Unloaded:
+            value = loads_value(result.data)
+            self._result = value
+            return value
+        return result
 
-    def store(self, data: bytes) -> None:
-        if self._value is _MISSING:
-            self.data = data
+    def store(self, data: Any) -> None:
+        """Keep a fetched result (unless its value is here already)."""
+        result = self._result
+        if result is _MISSING or type(result) is _Unloaded:
+            self._result = _Unloaded(data)
 
     def exception(self) -> BaseException:
         """A new exception object on every call, never one kept here: a raised exception
         holds its traceback, whose frames hold the Future that raised it, and a kept one
         would keep that Future (and so its task on the cluster) alive for good."""
-        if self.status == "error" and self.error is not None:
-            return loads_exception(*self.error)
-        reason = self._reason or CancelledError(self.key)
+        rare = self._rare
+        if self.status == "error" and rare is not None and rare.error is not None:
+            return loads_exception(*rare.error)
+        reason = (rare.reason if rare is not None else None) or CancelledError(self.key)
         fresh = copy.copy(reason)
         fresh.__traceback__ = None
         return fresh

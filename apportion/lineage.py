@@ -3,7 +3,9 @@ they were computed from, each as it was first submitted (no results).
 
 Each future's state keeps the ``submit`` spec it was sent with and the states of its
 dependencies (``FutureState.spec`` / ``.deps``): references to what the client built when
-submitting, not copies (the tasks of a map keep their arguments, and share the rest). A
+submitting, not copies. The tasks of a piece of a map keep only their row in a
+``MapPiece`` (apportion/futures.py): the rest of their message shared, their arguments in
+one buffer. A
 dependency whose own future was dropped stays reachable from its dependents, so a result
 lost with its worker can still be recomputed after a restart.
 """
@@ -28,13 +30,13 @@ def re_registration(states: Iterable[FutureState]) -> tuple[list[Message], list[
     seen: set[str] = set()
     wanted: set[str] = set()
     for root in states:
-        if root.status not in WANTED or root.spec is None:
+        if root.status not in WANTED or not root.has_lineage():
             continue
         wanted.add(root.key)
         if root.key in seen:
             continue
         seen.add(root.key)
-        for state in _dependencies_first(root, seen, lambda dep: dep.spec is not None):
+        for state in _dependencies_first(root, seen, FutureState.has_lineage):
             specs.append(state.spec)  # type: ignore[arg-type]  # checked on the way in
     lineage_only = [spec["key"] for spec in specs if spec["key"] not in wanted]
     return specs, lineage_only
@@ -48,7 +50,7 @@ def attach(states: dict[str, FutureState], specs: list[Message]) -> None:
     for spec in specs:
         key = spec["key"]
         state = states.get(key)
-        if state is None or state.spec is not None:
+        if state is None or state.has_lineage():
             state = FutureState(key)  # not held by any future: lineage only
         state.spec = spec
         deps = spec.get("deps")
@@ -64,11 +66,11 @@ def failed(states: Iterable[FutureState]) -> list[FutureState]:
     out: list[FutureState] = []
     seen: set[str] = set()
     for root in states:
-        if root.status != "error" or root.spec is None or root.key in seen:
+        if root.status != "error" or not root.has_lineage() or root.key in seen:
             continue
         seen.add(root.key)
         out.extend(
-            _dependencies_first(root, seen, lambda d: d.status == "error" and d.spec is not None)
+            _dependencies_first(root, seen, lambda d: d.status == "error" and d.has_lineage())
         )
     return out
 

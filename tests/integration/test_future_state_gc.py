@@ -42,8 +42,8 @@ def test_states_share_their_empty_lists_but_not_what_they_get() -> None:
             seen: list[str] = []
             a.add_done_callback(lambda f: seen.append(f.key))
             assert a.result(timeout=60) == 2 and b.result(timeout=60) == 3
-            assert seen == [a.key]  # a's callback only, though the lists started shared
+            assert seen == [a.key]  # a's callback only
             b.add_done_callback(lambda f: seen.append(f.key))  # done: called at once
             assert seen == [a.key, b.key]
             assert a._state.who_has and b._state.who_has
-    assert futures._NO_CALLBACKS == [] and futures._NO_HOLDERS == []  # never changed
+    assert futures._NO_HOLDERS == [] and futures._NO_DEPS == []  # never changed
