@@ -16,15 +16,15 @@ costs more to make and gets no huge pages), ahead of the bytes:
   which lets go of the GIL. The thread must lead: made only up to where the reads go,
   it made pages the reads were faulting in already, and gained nothing (400 MB arrays
   on a local cluster, medians of 5: worker to worker 1,262 -> 1,804 MB/s, gather 1,229
-  -> 2,203, submit 1,071 -> 1,603 against pages made between reads). Its pages are huge
-  ones while those come fast, as below, else small ones, probed again with one huge
-  page every ``THREAD_PROBE_EVERY`` bytes: on a virtual machine whose host takes back
-  free memory (free page reporting, in free blocks of 2 MiB: the kernel's
-  ``page_reporting_order`` 9), a huge page made from such a block costs the host 512
-  faults, and such huge pages came at 0.4-0.8 GB/s against about 1.9 GB/s for small
-  pages; huge pages the host still had came at 5-9 GB/s, and cost the receiving
-  process 40-45 ms less CPU time per 100 MB than small ones (one fault and one zeroing
-  per 2 MiB instead of 512 of each).
+  -> 2,203, submit 1,071 -> 1,603 against pages made between reads). It starts with a
+  probe of one huge page and goes on in huge pages while they come fast, else in small
+  ones, probing again every ``THREAD_PROBE_EVERY`` bytes. On a virtual machine whose
+  host takes back free memory (free page reporting, in free blocks of 2 MiB: the
+  kernel's ``page_reporting_order`` 9), a huge page made from such a block costs the
+  host 512 faults: such huge pages came at 0.4-0.8 GB/s, small ones at about 3 GB/s
+  (CPU time of the thread). Huge pages the host still had came at 5-11 GB/s, and cost
+  the receiving process 35-45 ms less CPU time per 100 MB than small ones (one fault
+  and one zeroing per 2 MiB instead of 512 of each).
 - Smaller frames make their pages between reads, a window at a time (doubling with what
   arrived, up to ``MAX_WINDOW``), in transparent huge pages (``MADV_HUGEPAGE``: one
   fault and one zeroing per 2 MiB) while those come fast: after a window of huge pages
@@ -32,8 +32,9 @@ costs more to make and gets no huge pages), ahead of the bytes:
   each starting with one huge page as a probe, until a probe is fast again.
 - How fast pages came is judged by the CPU time of the thread that made them, not by
   the wall clock: a host slow to hand back memory shows there (its faults are spent
-  inside the thread's call), while other processes holding the machine's cores do not (judged by the
-  wall clock, a loaded machine turned frames to small pages, which cost it more).
+  inside the thread's call), while other processes holding the machine's cores do not
+  (judged by the wall clock, a loaded machine turned frames to small pages, which cost
+  more).
 
 Where the system lacks either advice (not Linux, a kernel before 5.14, huge pages off),
 pages come by fault as before: slower, never wrong.
@@ -156,6 +157,10 @@ class FrameBuffer:
         )
         if memory is None:
             self.map, self.huge = _new_map(length, huge=True)
+            if threaded and self.huge:
+                # Its first step starts with a probe of one huge page (see _make): where
+                # huge pages come slowly, a whole step of them cost several times that.
+                self.huge = False
         else:
             self.map, self.huge = memory, None
         self.length = length
