@@ -54,9 +54,12 @@ from collections.abc import Callable
 MIN_WINDOW = 1 << 20
 MAX_WINDOW = 32 << 20
 HUGE_PAGE = 2 << 20  # windows end on huge-page boundaries: none is made twice over
-# Below what small pages come at (about 1.9 GB/s there), leaving room for the fixed cost
-# of one call on a probe of 2 MiB (hot probes: 1.6-2.6 GB/s; taken back: 0.4-0.8).
-SLOW_HUGE_PAGES = 1.2e9
+# Below what small pages come at (2.1-3.5 GB/s of the CPU time of the thread making
+# them), leaving room for the fixed cost of one call on a probe of 2 MiB (the first
+# probes of huge pages the host still had: 2.1-3.0 GB/s, the steps after them 8-12).
+# Huge pages the host took back came at 0.4-1.0 GB/s, and others at 1.2-2.0: slower
+# than small ones, and costing more CPU time.
+SLOW_HUGE_PAGES = 2.0e9
 # Smaller frames make their pages between reads (see above): they are mostly made of
 # memory freed moments before (whose huge pages come fast), and a thread did not pay for
 # them. On the development machine, worker to worker at 10 MB: 981-1,027 MB/s between
