@@ -30,8 +30,8 @@ costs more to make and gets no huge pages), ahead of the bytes:
   fault and one zeroing per 2 MiB) while those come fast: after a window of huge pages
   made slower than ``SLOW_HUGE_PAGES`` bytes a second, windows are made of small pages,
   each starting with one huge page as a probe, until a probe is fast again.
-- How fast pages came is judged by the CPU time of the thread that made them, not by
-  the wall clock: a host slow to hand back memory shows there (its faults are spent
+- A frame's thread judges how fast pages came by the CPU time it spent making them, not
+  by the wall clock: a host slow to hand back memory shows there (its faults are spent
   inside the thread's call), while other processes holding the machine's cores do not
   (judged by the wall clock, a loaded machine turned frames to small pages, which cost
   more).
@@ -54,12 +54,14 @@ from collections.abc import Callable
 MIN_WINDOW = 1 << 20
 MAX_WINDOW = 32 << 20
 HUGE_PAGE = 2 << 20  # windows end on huge-page boundaries: none is made twice over
-# Below what small pages come at (2.1-3.5 GB/s of the CPU time of the thread making
-# them), leaving room for the fixed cost of one call on a probe of 2 MiB (the first
-# probes of huge pages the host still had: 2.1-3.0 GB/s, the steps after them 8-12).
-# Huge pages the host took back came at 0.4-1.0 GB/s, and others at 1.2-2.0: slower
-# than small ones, and costing more CPU time.
-SLOW_HUGE_PAGES = 2.0e9
+# Below what small pages come at (about 1.9 GB/s there), leaving room for the fixed cost
+# of one call on a probe of 2 MiB (hot probes: 1.6-2.6 GB/s; taken back: 0.4-0.8).
+SLOW_HUGE_PAGES = 1.2e9
+# The same for a frame's thread, which judges by its CPU time (see above): small pages
+# come at 2.1-3.5 GB/s by that measure, the first probes of huge pages the host still had
+# at 2.1-3.0 GB/s and the steps after them at 8-12; huge pages the host took back at
+# 0.4-1.0 GB/s, and others at 1.2-2.0: slower than small ones, and costing more.
+SLOW_HUGE_PAGES_ON_THREAD = 2.0e9
 # Smaller frames make their pages between reads (see above): they are mostly made of
 # memory freed moments before (whose huge pages come fast), and a thread did not pay for
 # them. On the development machine, worker to worker at 10 MB: 981-1,027 MB/s between
@@ -126,10 +128,10 @@ def _address_of(memory: mmap.mmap) -> int:
         del pointer  # (held, it would keep the map from being closed)
 
 
-def huge_pages_pay(size: int, seconds: float) -> bool:
+def huge_pages_pay(size: int, seconds: float, bar: float = SLOW_HUGE_PAGES) -> bool:
     """Whether huge pages made at this pace (``size`` bytes in ``seconds``) are worth
     asking for in the next window (see the module's docstring)."""
-    return size < HUGE_PAGE or size >= SLOW_HUGE_PAGES * seconds
+    return size < HUGE_PAGE or size >= bar * seconds
 
 
 class FrameBuffer:
@@ -246,18 +248,21 @@ class FrameBuffer:
 
     def _made_fast(self, start: int, end: int) -> bool:
         """Make the pages of ``start:end``; whether huge pages came fast enough there."""
-        began = time.thread_time()
-        if self._address is None:
+        if self._address is None:  # between reads, by the wall clock
+            began = time.perf_counter()
             self.map.madvise(_MADV_POPULATE_WRITE, start, end - start)
-        else:  # on the frame's thread: without the GIL
-            madvise = _libc_madvise()
-            assert madvise is not None
-            if madvise(self._address + start, end - start, _MADV_POPULATE_WRITE) != 0:
-                import ctypes
+            return huge_pages_pay(end - start, time.perf_counter() - began)
+        # On the frame's thread, without the GIL, by the CPU time the thread spent.
+        madvise = _libc_madvise()
+        assert madvise is not None
+        began = time.thread_time()
+        if madvise(self._address + start, end - start, _MADV_POPULATE_WRITE) != 0:
+            import ctypes
 
-                code = ctypes.get_errno()
-                raise OSError(code, errno.errorcode.get(code, "madvise failed"))
-        return huge_pages_pay(end - start, time.thread_time() - began)
+            code = ctypes.get_errno()
+            raise OSError(code, errno.errorcode.get(code, "madvise failed"))
+        spent = time.thread_time() - began
+        return huge_pages_pay(end - start, spent, SLOW_HUGE_PAGES_ON_THREAD)
 
 
 class MapRecycler:
