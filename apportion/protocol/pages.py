@@ -13,21 +13,28 @@ costs more to make and gets no huge pages), ahead of the bytes:
   other. The thread leads the bytes by as much again as arrived (from one step to
   ``AHEAD``, plus the step it is making), so the memory a frame holds follows what
   arrived, not the length its header announced. It calls ``madvise`` through ctypes,
-  which lets go of the GIL. Its pages are small ones: on a virtual machine whose host
-  takes back free memory (free page reporting, in free blocks of 2 MiB: the kernel's
-  ``page_reporting_order`` 9), a huge page made from such a block costs the host 512
-  faults, and such huge pages came at 0.4-0.8 GB/s against about 1.9 GB/s for small
-  pages (and 5-9 GB/s for huge pages the host still had). Measured on the 2-core
-  development machine, 400 MB arrays on a local cluster, each transfer seconds after
-  the last (memory the host had taken back), medians of 5: worker to worker 1,262 ->
-  1,804 MB/s, gather 1,229 -> 2,203, submit 1,071 -> 1,603 against pages made between
-  reads. The thread must lead: made only up to where the reads go, it made pages the
-  reads were faulting in already, and gained nothing.
+  which lets go of the GIL. The thread must lead: made only up to where the reads go,
+  it made pages the reads were faulting in already, and gained nothing (400 MB arrays
+  on a local cluster, medians of 5: worker to worker 1,262 -> 1,804 MB/s, gather 1,229
+  -> 2,203, submit 1,071 -> 1,603 against pages made between reads). It starts with a
+  probe of one huge page and goes on in huge pages while they come fast, else in small
+  ones, probing again every ``THREAD_PROBE_EVERY`` bytes. On a virtual machine whose
+  host takes back free memory (free page reporting, in free blocks of 2 MiB: the
+  kernel's ``page_reporting_order`` 9), a huge page made from such a block costs the
+  host 512 faults: such huge pages came at 0.4-0.8 GB/s, small ones at about 3 GB/s
+  (CPU time of the thread). Huge pages the host still had came at 5-11 GB/s, and cost
+  the receiving process 35-45 ms less CPU time per 100 MB than small ones (one fault
+  and one zeroing per 2 MiB instead of 512 of each).
 - Smaller frames make their pages between reads, a window at a time (doubling with what
   arrived, up to ``MAX_WINDOW``), in transparent huge pages (``MADV_HUGEPAGE``: one
   fault and one zeroing per 2 MiB) while those come fast: after a window of huge pages
   made slower than ``SLOW_HUGE_PAGES`` bytes a second, windows are made of small pages,
   each starting with one huge page as a probe, until a probe is fast again.
+- A frame's thread judges how fast pages came by the CPU time it spent making them, not
+  by the wall clock: a host slow to hand back memory shows there (its faults are spent
+  inside the thread's call), while other processes holding the machine's cores do not
+  (judged by the wall clock, a loaded machine turned frames to small pages, which cost
+  more).
 
 Where the system lacks either advice (not Linux, a kernel before 5.14, huge pages off),
 pages come by fault as before: slower, never wrong.
@@ -50,6 +57,11 @@ HUGE_PAGE = 2 << 20  # windows end on huge-page boundaries: none is made twice o
 # Below what small pages come at (about 1.9 GB/s there), leaving room for the fixed cost
 # of one call on a probe of 2 MiB (hot probes: 1.6-2.6 GB/s; taken back: 0.4-0.8).
 SLOW_HUGE_PAGES = 1.2e9
+# The same for a frame's thread, which judges by its CPU time (see above): small pages
+# come at 2.1-3.5 GB/s by that measure, the first probes of huge pages the host still had
+# at 2.1-3.0 GB/s and the steps after them at 8-12; huge pages the host took back at
+# 0.4-1.0 GB/s, and others at 1.2-2.0: slower than small ones, and costing more.
+SLOW_HUGE_PAGES_ON_THREAD = 2.0e9
 # Smaller frames make their pages between reads (see above): they are mostly made of
 # memory freed moments before (whose huge pages come fast), and a thread did not pay for
 # them. On the development machine, worker to worker at 10 MB: 981-1,027 MB/s between
@@ -59,6 +71,10 @@ SLOW_HUGE_PAGES = 1.2e9
 THREAD_FROM = 64 << 20
 STEP = 8 << 20  # one call of the thread's: short, so that it stops soon after its frame
 AHEAD = 32 << 20
+# Once a frame's thread turned to small pages, it probes one huge page at the start of
+# every this many bytes (a step in eight), not every step: where huge pages are slow,
+# each probe costs several times what small pages would.
+THREAD_PROBE_EVERY = 64 << 20
 # Frames below this many bytes may be received into the map of one whose values are gone
 # (MapRecycler), each process watching this many bytes of such maps at most.
 RECYCLE_BELOW = THREAD_FROM
@@ -112,10 +128,10 @@ def _address_of(memory: mmap.mmap) -> int:
         del pointer  # (held, it would keep the map from being closed)
 
 
-def huge_pages_pay(size: int, seconds: float) -> bool:
+def huge_pages_pay(size: int, seconds: float, bar: float = SLOW_HUGE_PAGES) -> bool:
     """Whether huge pages made at this pace (``size`` bytes in ``seconds``) are worth
     asking for in the next window (see the module's docstring)."""
-    return size < HUGE_PAGE or size >= SLOW_HUGE_PAGES * seconds
+    return size < HUGE_PAGE or size >= bar * seconds
 
 
 class FrameBuffer:
@@ -140,12 +156,16 @@ class FrameBuffer:
     def __init__(self, length: int, memory: mmap.mmap | None = None) -> None:
         """``memory``: a map of at least ``length`` bytes whose pages are all made (one
         freed by the values received into it before, see ``MapRecycler``)."""
-        # huge: whether the next window is made of huge pages (None: never)
+        # huge: whether the next window (or step) is made of huge pages (None: never)
         threaded = (
             memory is None and length >= THREAD_FROM and _populate and _libc_madvise() is not None
         )
         if memory is None:
-            self.map, self.huge = _new_map(length, huge=not threaded)
+            self.map, self.huge = _new_map(length, huge=True)
+            if threaded and self.huge:
+                # Its first step starts with a probe of one huge page (see _make): where
+                # huge pages come slowly, a whole step of them cost several times that.
+                self.huge = False
         else:
             self.map, self.huge = memory, None
         self.length = length
@@ -213,10 +233,11 @@ class FrameBuffer:
                 self.ready = ready = end
         return ready
 
-    def _make(self, start: int, end: int) -> None:
+    def _make(self, start: int, end: int, probe: bool = True) -> None:
         """Make the pages of ``start:end``: huge ones while they come fast, else small
-        ones after a probe of one huge page (which may find them fast again)."""
-        if self.huge is False and end - start > HUGE_PAGE:
+        ones, after a probe of one huge page (which may find them fast again) if
+        ``probe``."""
+        if self.huge is False and probe and end - start > HUGE_PAGE:
             self.huge = self._made_fast(start, start + HUGE_PAGE)
             start += HUGE_PAGE
         if self.huge is False:
@@ -227,18 +248,21 @@ class FrameBuffer:
 
     def _made_fast(self, start: int, end: int) -> bool:
         """Make the pages of ``start:end``; whether huge pages came fast enough there."""
-        began = time.perf_counter()
-        if self._address is None:
+        if self._address is None:  # between reads, by the wall clock
+            began = time.perf_counter()
             self.map.madvise(_MADV_POPULATE_WRITE, start, end - start)
-        else:  # on the frame's thread: without the GIL
-            madvise = _libc_madvise()
-            assert madvise is not None
-            if madvise(self._address + start, end - start, _MADV_POPULATE_WRITE) != 0:
-                import ctypes
+            return huge_pages_pay(end - start, time.perf_counter() - began)
+        # On the frame's thread, without the GIL, by the CPU time the thread spent.
+        madvise = _libc_madvise()
+        assert madvise is not None
+        began = time.thread_time()
+        if madvise(self._address + start, end - start, _MADV_POPULATE_WRITE) != 0:
+            import ctypes
 
-                code = ctypes.get_errno()
-                raise OSError(code, errno.errorcode.get(code, "madvise failed"))
-        return huge_pages_pay(end - start, time.perf_counter() - began)
+            code = ctypes.get_errno()
+            raise OSError(code, errno.errorcode.get(code, "madvise failed"))
+        spent = time.thread_time() - began
+        return huge_pages_pay(end - start, spent, SLOW_HUGE_PAGES_ON_THREAD)
 
 
 class MapRecycler:
@@ -330,7 +354,7 @@ def _make_ahead(frame: weakref.ref[FrameBuffer], maker: threading.Condition) -> 
         start = buffer.ready
         end = min(buffer.length, start + STEP)
         try:
-            buffer._make(start, end)
+            buffer._make(start, end, probe=start % THREAD_PROBE_EVERY == 0)
         except OSError as exc:
             if exc.errno == errno.EINVAL:
                 _populate = False  # an older kernel; pages come by fault

@@ -146,6 +146,11 @@ def test_huge_pages_are_asked_for_while_they_come_faster_than_small_ones() -> No
     assert pages.huge_pages_pay(window, window / 7e9)  # hot huge pages
     assert not pages.huge_pages_pay(window, window / 0.55e9)  # taken back by a VM's host
     assert pages.huge_pages_pay(pages.HUGE_PAGE, pages.HUGE_PAGE / 2e9)  # a hot probe
+    # A frame's thread judges by its CPU time, where small pages come at 2.1-3.5 GB/s:
+    # huge pages slower than that cost more CPU time.
+    on_thread = pages.SLOW_HUGE_PAGES_ON_THREAD
+    assert not pages.huge_pages_pay(window, window / 1.9e9, on_thread)
+    assert pages.huge_pages_pay(pages.HUGE_PAGE, pages.HUGE_PAGE / 2.2e9, on_thread)
     assert not pages.huge_pages_pay(pages.HUGE_PAGE, pages.HUGE_PAGE / 0.5e9)
     assert pages.huge_pages_pay(MIN_WINDOW, 1.0)  # less than a huge page: nothing to judge
 
@@ -158,7 +163,7 @@ def test_huge_pages_are_asked_for_while_they_come_faster_than_small_ones() -> No
 def test_slow_huge_pages_turn_the_rest_of_the_frame_to_small_pages(
     pay: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pages, "huge_pages_pay", lambda size, seconds: pay)
+    monkeypatch.setattr(pages, "huge_pages_pay", lambda *judged: pay)
     length = 96 << 20
     buffer = FrameBuffer(length)
     assert buffer.thread is None
@@ -190,11 +195,57 @@ def test_a_thread_makes_a_large_frames_pages_ahead_of_the_bytes_and_ends_with_th
     assert not buffer.thread.is_alive()
     assert bytes(buffer.map[length - len(data) :]) == data
     if os.path.exists("/proc/self/smaps"):
-        # Private, and in small pages: huge ones made from memory a virtual machine's host
-        # took back come slower than small ones (see pages.py).
         mapping = _mapping_of(buffer)
         assert mapping["name"] == "" and int(mapping["Anonymous"]) > 0, mapping
-        assert mapping.get("AnonHugePages", "0") == "0", mapping
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/smaps") or not _huge_pages_on(), reason="Linux's THP only"
+)
+@pytest.mark.parametrize("pay", [True, False])
+def test_a_frames_thread_makes_huge_pages_while_they_come_fast_else_small_ones(
+    pay: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Huge pages cost the receiver a fault and a zeroing per 2 MiB instead of 512 of each
+    # (40-45 ms of CPU time less per 100 MB); made slowly (memory a virtual machine's
+    # host took back), small ones come faster.
+    monkeypatch.setattr(pages, "huge_pages_pay", lambda *judged: pay)
+    length = 3 * pages.THREAD_PROBE_EVERY // 2
+    buffer = FrameBuffer(length)
+    assert buffer.thread is not None
+    _write_into_made_pages(buffer, os.urandom(1 << 20))
+    buffer.thread.join(timeout=30)
+    assert buffer.huge is pay
+    # Past the probe that starts the frame (a whole first step of slow huge pages cost
+    # several times more), and past the probe at the start of the second stretch, the
+    # pages are small ones once huge ones came slowly.
+    for offset in (pages.HUGE_PAGE + 1, pages.STEP + 1, length - 1):
+        assert _mapping_of(buffer, offset)["THPeligible"] == ("1" if pay else "0"), offset
+
+
+def test_a_frames_thread_judges_its_pages_by_the_cpu_time_it_spent_on_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Judged by the wall clock, pages made while other processes held the CPU looked
+    # slow, and turned the rest of the frame to small pages, which cost more CPU time.
+    # (Both clocks are played: a second of wall clock, a microsecond of CPU time, per call.)
+    ticks = {"wall": 0.0, "cpu": 0.0}
+
+    def wall() -> float:
+        ticks["wall"] += 1.0
+        return ticks["wall"]
+
+    def cpu() -> float:
+        ticks["cpu"] += 1e-6
+        return ticks["cpu"]
+
+    monkeypatch.setattr(time, "perf_counter", wall)
+    monkeypatch.setattr(time, "thread_time", cpu)
+    buffer = FrameBuffer(pages.THREAD_FROM)
+    assert buffer.thread is not None
+    _write_into_made_pages(buffer, os.urandom(1 << 20))
+    buffer.thread.join(timeout=30)
+    assert buffer.huge, "pages made in little CPU time turned the frame to small pages"
 
 
 def test_a_stopped_or_dropped_frame_ends_its_thread() -> None:
