@@ -33,15 +33,21 @@ def inputs_to_push(
     workers: dict[str, WorkerState],
 ) -> dict[str, int]:
     """The inputs of ``ts``, sent to ``ws``, that their first holder in ``deps`` (key ->
-    holders' addresses) should push there, by pickled size."""
+    holders' addresses) should push there, by pickled size. Where the first holder is
+    leaving (retiring or closing) and another is not, that one is named first instead (a
+    new list in ``deps``: the lists it holds may be shared), so that no push waits on a
+    worker about to go."""
     pushed: dict[str, int] = {}
     arriving: set[TaskState] | None = None  # the inputs of the worker's other runs
     for dep in ts.dependencies:
         if ws in dep.who_has or (inline is not None and dep.key in inline):
             continue
         holders = deps[dep.key]
-        if not holders or holders[0] not in workers:
+        pusher = _pusher(holders, workers)
+        if pusher is None:
             continue
+        if pusher != holders[0]:
+            deps[dep.key] = [pusher, *(h for h in holders if h != pusher)]
         if arriving is None:
             arriving = set()
             for run in ws.processing.values():
@@ -51,6 +57,17 @@ def inputs_to_push(
             continue  # on its way there already, for another run
         pushed[dep.key] = dep.nbytes
     return pushed
+
+
+def _pusher(holders: list[str], workers: dict[str, WorkerState]) -> str | None:
+    """The holder to push from: the first connected one in service, else the first
+    connected one (None: none is connected)."""
+    connected = [h for h in holders if h in workers]
+    for address in connected:
+        ws = workers[address]
+        if not (ws.retiring or ws.closing):
+            return address
+    return connected[0] if connected else None
 
 
 def push_message(key: str, receiver: WorkerState) -> dict[str, object]:

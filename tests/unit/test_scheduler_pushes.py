@@ -70,3 +70,25 @@ def test_the_receivers_host_goes_with_the_push_for_a_shared_memory_answer() -> N
     sim.finish("x", nbytes=MIB)
     sim.submit_many([task("y", ["x"], resources={"GPU": 1})])
     assert sim.pushes == [("b", {"op": "push-data", "key": "x", "to": "a", "host": "h1"})]
+
+
+def test_a_holder_leaving_service_is_not_the_pusher_where_another_holds_the_input() -> None:
+    from apportion.scheduler.model import TaskState, WorkerState
+    from apportion.scheduler.pushes import inputs_to_push
+
+    workers = {name: WorkerState(name, name, 1, {}, 1) for name in ("a", "b", "c")}
+    workers["b"].retiring = True
+    x = TaskState("x", b"", b"", (), 0, 0, 1)
+    x.nbytes = MIB
+    x.who_has = frozenset({workers["b"], workers["c"]})
+    y = TaskState("y", b"", b"", (), 0, 0, 2)
+    y.dependencies = {x}
+    shared = ["b", "c"]  # as the scheduler's cache of names hands it out
+    deps = {"x": shared}
+    assert inputs_to_push(y, workers["a"], deps, None, workers) == {"x": MIB}
+    assert deps["x"] == ["c", "b"] and shared == ["b", "c"]  # a new list; the cache intact
+    # With every holder leaving, the first still pushes (it holds the value until it goes).
+    workers["c"].closing = True
+    deps = {"x": ["b", "c"]}
+    assert inputs_to_push(y, workers["a"], deps, None, workers) == {"x": MIB}
+    assert deps["x"] == ["b", "c"]
