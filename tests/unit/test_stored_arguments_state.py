@@ -8,6 +8,15 @@ from apportion.scheduler.stored_arguments import restore_argument
 from tests.unit.sim import Sim, task
 
 
+def _client_and(*workers: str) -> Sim:
+    """A client "c" and the named workers."""
+    sim = Sim()
+    sim.add_client("c")
+    for name in workers:
+        sim.add_worker(name)
+    return sim
+
+
 def _on(key: str, worker: str, **kw: object) -> dict:
     spec = task(key, **kw)
     spec["workers"] = [worker]
@@ -15,10 +24,7 @@ def _on(key: str, worker: str, **kw: object) -> dict:
 
 
 def test_a_waiting_argument_task_moves_to_its_new_holder_and_its_dependent_follows() -> None:
-    sim = Sim()
-    sim.add_client("c")
-    sim.add_worker("a")
-    sim.add_worker("b")
+    sim = _client_and("a", "b")
     sim.submit_many([_on("arg", "a"), task("use", deps=["arg"])])
     sim.finish("arg")
     sim.remove_worker("a")  # the value is lost with its only holder
@@ -34,10 +40,7 @@ def test_a_waiting_argument_task_moves_to_its_new_holder_and_its_dependent_follo
 
 
 def test_a_task_that_no_longer_waits_for_a_worker_is_left_as_it_is() -> None:
-    sim = Sim()
-    sim.add_client("c")
-    sim.add_worker("a")
-    sim.add_worker("b")
+    sim = _client_and("a", "b")
     sim.submit_many([_on("arg", "a")])
     assert sim.states()["arg"] == "processing"
     assert not restore_argument(sim.state, "c", _on("arg", "b"))
@@ -52,10 +55,7 @@ def _stored_on(key: str, worker: str, nbytes: int = 2**20) -> dict:
 
 
 def test_a_stored_argument_is_held_at_once_and_its_task_sent_after_it_in_one_batch() -> None:
-    sim = Sim()
-    sim.add_client("c")
-    sim.add_worker("a")
-    sim.add_worker("b")
+    sim = _client_and("a", "b")
     sim.state.handle_submit("c", [_stored_on("arg", "a"), task("use", deps=["arg"])])
     out = sim.step()
     # The worker hears to hold the value before the task taking it: one frame, no run.
@@ -68,17 +68,13 @@ def test_a_stored_argument_is_held_at_once_and_its_task_sent_after_it_in_one_bat
 
 
 def test_a_stored_argument_whose_worker_is_gone_runs_as_a_task() -> None:
-    sim = Sim()
-    sim.add_client("c")
-    sim.add_worker("a")
+    sim = _client_and("a")
     sim.submit_many([_stored_on("arg", "gone")])
     assert sim.adopted == {} and sim.states() == {"arg": "no-worker"}
 
 
 def test_a_stored_argument_given_back_after_a_scheduler_restart_is_placed_as_a_task() -> None:
-    sim = Sim()
-    sim.add_client("c")
-    sim.add_worker("a")
+    sim = _client_and("a")
     sim.state.handle_submit("c", [_stored_on("arg", "a")], recover=True)
     sim.step()
     assert sim.adopted == {} and sim.computed_keys("a") == ["arg"]
