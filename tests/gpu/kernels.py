@@ -62,15 +62,18 @@ def process(host: np.ndarray) -> dict[str, Any]:
     """Square and sum on the first granted unit's device; report where and when."""
     units = _units()
     start = time.monotonic()
-    array = to_device(host, units[0])
-    total = float(to_host((array * array).sum()))
-    return {
-        "sum": total,
-        "device": device_of(array),
-        "units": units,
-        "start": start,
-        "end": time.monotonic(),
-    }
+    total, device = _square_and_sum(host, units[0])
+    return {"sum": total, "device": device, "units": units, "start": start, "end": time.monotonic()}
+
+
+def process_here(host: np.ndarray) -> float:
+    """``process``'s kernel on device 0, outside any task (the benchmark's plain loop)."""
+    return _square_and_sum(host, 0)[0]
+
+
+def _square_and_sum(host: np.ndarray, unit: int) -> tuple[float, int]:
+    array = to_device(host, unit)
+    return float(to_host((array * array).sum())), device_of(array)
 
 
 def aggregate(*parts: dict[str, Any]) -> list[dict[str, Any]]:
@@ -80,6 +83,11 @@ def aggregate(*parts: dict[str, Any]) -> list[dict[str, Any]]:
 def make_on_device(value: float) -> Any:
     """A device array on this task's unit, returned as the task's result."""
     return to_device(np.full(N, value), _units()[0])
+
+
+def make_filled(n: int, value: float) -> Any:
+    """A device array of ``n`` float64 values on this task's unit."""
+    return to_device(np.full(n, value), _units()[0])
 
 
 def take_on_device(array: Any) -> dict[str, Any]:
