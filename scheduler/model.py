@@ -139,9 +139,11 @@ class WorkerState:
         "menu_version",
         "name",
         "nearly_full",
+        "next_up",
         "nthreads",
         "paused",
         "processing",
+        "pushing",
         "reserved_for",
         "retired",
         "retiring",
@@ -198,6 +200,10 @@ class WorkerState:
         # Tasks waiting for a slot here because their large inputs are here (a heap kept
         # by placement.LocalQueues: priority, submission, order, task, attempt).
         self.local: list[tuple[int, int, int, TaskState, int]] = []
+        # The queued tasks whose inputs were pushed here ahead of them (pushes.py): the
+        # next of their demand to start here; and those pushes not yet here (key -> pusher).
+        self.next_up: list[TaskState] = []
+        self.pushing: dict[str, str] = {}
         self.fitting_shapes: set[Shape] = set()
         # The ready queues of those shapes, cached by ReadyQueues (see ReadyQueues.pop_for).
         self.menu: list[Any] = []

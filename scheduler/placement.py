@@ -541,6 +541,23 @@ class ReadyQueues:
         queue = self.by_shape.get(shape)
         return queue is not None and bool(queue.top)
 
+    def next_of(self, shape: Shape, count: int) -> list[TaskState]:
+        """The most urgent live queued tasks of ``shape``, ``count`` at most, in the order
+        they would start (those of its most urgent lane only), left queued."""
+        queue = self.by_shape.get(shape)
+        if queue is None:
+            return []
+        if queue.head() is None:  # head() emptied it: forgotten, as pop_for does
+            self._drop_empty()
+            return []
+        found: list[TaskState] = []
+        for ts in queue.top:  # head() made its first entry live
+            if ts.state == "queued":
+                found.append(ts)
+                if len(found) == count:
+                    break
+        return found
+
     def counts(self) -> dict[Shape, int]:
         """Live queued tasks per shape (lanes also hold stale entries until they are reached)."""
         found = {shape: len(queue.live()) for shape, queue in self.by_shape.items()}

@@ -228,7 +228,7 @@ class Scheduler:
             pass
         except (ProtocolError, KeyError, TypeError, ValueError) as exc:
             reason = f"protocol error: {exc!r}"
-            logger.warning("closing worker %s (%s): %s", name, address, reason)
+            logger.warning("closing worker %s (%s): %s", name, address, reason, exc_info=True)
         finally:
             if name in self.planned_leaves:
                 self.planned_leaves.discard(name)

@@ -52,7 +52,13 @@ from apportion.scheduler.placement import (
 )
 from apportion.scheduler.placement_groups import BundleShape, PlacementGroups, holding
 from apportion.scheduler.prefetch import note_run
-from apportion.scheduler.pushes import inputs_to_push, push_message
+from apportion.scheduler.pushes import (
+    AHEAD_TASKS,
+    inputs_to_push,
+    inputs_to_push_ahead,
+    named_pusher,
+    push_message,
+)
 from apportion.scheduler.recovery import WorkerReport
 from apportion.scheduler.restrictions import (
     describe,
@@ -100,6 +106,9 @@ STORY_LENGTH = 100_000
 # it only from this size on (see _drop_fetched): a smaller copy costs little memory, and
 # dropping it costs messages and may cost a fetch again.
 DROPPED_COPY_BYTES: Final = 2**20
+# Pushes ahead (pushes.py) a worker's record keeps at most: entries of pushes that arrived
+# are dropped as the worker reports them; this bounds those it never will (freed meanwhile).
+AHEAD_FORGOTTEN: Final = 32
 # Entries of the story log per change: key, from, to, reason (flat, so that recording a
 # change allocates nothing); after each batch that changed some, None, the wall clock and
 # two blanks (see take_outbox and story).
@@ -776,6 +785,8 @@ class SchedulerState:
         needs it, see _drop_fetched)."""
         data_acquired(self, address, msg)
         ws, ts = self.workers.get(address), self.tasks.get(msg["key"])
+        if ws is not None and ws.pushing:
+            ws.pushing.pop(msg["key"], None)  # a push ahead came (or the copy another way)
         if ws is not None and ts is not None:
             if msg.get("replica") and ws in ts.who_has and ts.nbytes >= DROPPED_COPY_BYTES:
                 ws.fetched.add(ts)
@@ -1146,10 +1157,17 @@ class SchedulerState:
             pushed = inputs_to_push(ts, ws, deps, inline, self.workers)
             if pushed:
                 message["pushed"] = pushed
+                ahead = ws.pushing
                 for key in pushed:
-                    self.outbox[deps[key][0]].append(push_message(key, ws))
+                    holders = named_pusher(key, deps[key], ws) if ahead else None
+                    if holders is not None:  # pushed ahead, on its way (pushes.py)
+                        deps[key] = holders
+                    else:
+                        self.outbox[deps[key][0]].append(push_message(key, ws))
         if shape:
             message["resources"] = dict(shape)
+            if not fits(shape, ws.free):  # the next of its demand waits for this one here
+                self._push_ahead(ws, shape)
         if ts.priority:
             message["priority"] = ts.priority
         if attempt > 1:  # the worker's default is 1
@@ -1157,6 +1175,23 @@ class SchedulerState:
         if ts.timeout is not None:
             message["timeout"] = ts.timeout
         self.outbox[ws.address].append(message)  # self.send, inlined on the hot path
+
+    def _push_ahead(self, ws: WorkerState, shape: Shape) -> None:
+        """Push the large inputs of the next queued tasks of ``shape`` to ``ws``, whose
+        units of it are all taken now, while they are (see pushes.py)."""
+        after = self.ready.next_of(shape, AHEAD_TASKS)
+        if not after or after == ws.next_up:
+            return
+        ws.next_up = after
+        ahead = inputs_to_push_ahead(after, ws, self.workers)
+        if not ahead:
+            return
+        pushing = ws.pushing
+        if len(pushing) > AHEAD_FORGOTTEN:
+            pushing.clear()  # pushes long done or given up: a later task pushes again
+        for key, pusher in ahead.items():
+            pushing[key] = pusher
+            self.outbox[pusher].append(push_message(key, ws))
 
     def _end_run(self, ws: WorkerState | None, run_id: int) -> TaskState | None:
         """Release the resources of a run the worker reports over (exactly once)."""
@@ -1220,6 +1255,9 @@ class SchedulerState:
             needed.update(run.dependencies)
         for entry in ws.local:
             needed.update(entry[3].dependencies)
+        for nxt in ws.next_up:
+            if nxt.state == "queued":  # its inputs were pushed here ahead of it
+                needed.update(nxt.dependencies)
         dropped = []
         for ts in list(ws.fetched):
             if ts in needed:

@@ -92,3 +92,87 @@ def test_a_holder_leaving_service_is_not_the_pusher_where_another_holds_the_inpu
     deps = {"x": ["b", "c"]}
     assert inputs_to_push(y, workers["a"], deps, None, workers) == {"x": MIB}
     assert deps["x"] == ["b", "c"]
+
+
+# ------------------------------------------------------------- pushed ahead
+def gpu_worker_and_inputs(n: int, nbytes: int = MIB) -> Sim:
+    """A worker "a" of one GPU, and ``n`` results x0.. of ``nbytes`` on worker "b"."""
+    sim = Sim()
+    sim.add_client("c")
+    sim.add_worker("a", {"GPU": 1})
+    sim.add_worker("b", {"MEMORY": 1})
+    sim.submit_many([task(f"x{i}", resources={"MEMORY": 1}) for i in range(n)])
+    for i in range(n):
+        sim.finish(f"x{i}", nbytes=nbytes)
+    return sim
+
+
+def pushed_keys(sim: Sim) -> list[str]:
+    return [message["key"] for _, message in sim.pushes]
+
+
+def test_the_inputs_of_the_next_tasks_are_pushed_while_the_one_before_runs() -> None:
+    sim = gpu_worker_and_inputs(4)
+    sim.submit_many([task(f"y{i}", [f"x{i}"], resources={"GPU": 1}) for i in range(4)])
+    assert pushed_keys(sim) == ["x0"]  # with y0; the others queued behind it
+    sim.finish("y0")
+    assert sim.computes[-1][1]["key"] == "y1"
+    # y1's input as it goes, and the next two tasks' inputs ahead of them.
+    assert pushed_keys(sim) == ["x0", "x1", "x2", "x3"]
+    assert {address for address, _ in sim.pushes} == {"b"}
+    assert {message["to"] for _, message in sim.pushes} == {"a"}
+
+
+def test_a_task_whose_input_was_pushed_ahead_awaits_that_push_and_no_second_is_sent() -> None:
+    sim = gpu_worker_and_inputs(4)
+    sim.submit_many([task(f"y{i}", [f"x{i}"], resources={"GPU": 1}) for i in range(4)])
+    sim.finish("y0")  # x2 and x3 pushed ahead
+    sim.state.handle_data_acquired("a", {"key": "x2", "replica": True})  # x2 came
+    sim.step()
+    sim.finish("y1")
+    (address, compute) = sim.computes[-1]
+    assert address == "a" and compute["key"] == "y2"
+    assert "pushed" not in compute  # held there already
+    sim.finish("y2")
+    (address, compute) = sim.computes[-1]
+    assert address == "a" and compute["key"] == "y3"
+    assert compute["pushed"] == {"x3": MIB}  # still on its way: awaited, from its pusher
+    assert compute["deps"]["x3"][0] == "b"
+    assert pushed_keys(sim).count("x3") == 1
+
+
+def test_a_copy_pushed_ahead_is_kept_while_its_task_is_next_there() -> None:
+    sim = gpu_worker_and_inputs(3)
+    sim.submit_many([task(f"y{i}", [f"x{i}"], resources={"GPU": 1}) for i in range(3)])
+    sim.finish("y0")  # x2 pushed ahead
+    sim.state.handle_data_acquired("a", {"key": "x2", "replica": True})
+    sim.step()
+    sim.finish("y1")  # copies no task there needs are dropped as a run ends
+    assert "x2" not in sim.freed.get("a", [])
+    assert sim.computes[-1][1]["key"] == "y2"
+    sim.finish("y2")
+    assert "x2" in sim.freed["a"]  # needed by none there now, and b holds it too
+
+
+def test_small_inputs_and_paused_workers_get_nothing_ahead() -> None:
+    sim = gpu_worker_and_inputs(3, nbytes=MIB // 2)
+    sim.submit_many([task(f"y{i}", [f"x{i}"], resources={"GPU": 1}) for i in range(3)])
+    sim.finish("y0")
+    assert pushed_keys(sim) == ["x0", "x1"]  # each with its task only
+    sim = gpu_worker_and_inputs(3)
+    sim.submit_many([task(f"y{i}", [f"x{i}"], resources={"GPU": 1}) for i in range(3)])
+    sim.state.workers["a"].nearly_full = True  # past its spilling level
+    sim.finish("y0")
+    assert pushed_keys(sim) == ["x0", "x1"]
+
+
+def test_tasks_cancelled_in_the_queue_while_another_runs_leave_placement_sound() -> None:
+    # Looking ahead in a queue whose tasks all went (cancelled) emptied it; the next
+    # placement then failed on it (KeyError), and the scheduler closed the worker.
+    sim = gpu_worker_and_inputs(4)
+    sim.submit_many([task(f"y{i}", [f"x{i}"], resources={"GPU": 1}) for i in range(4)])
+    sim.cancel("y2", "y3")
+    sim.finish("y0")  # y1 goes, looking ahead at the cancelled ones: none is live
+    sim.submit_many([task("z", ["x0"], resources={"GPU": 1})])
+    sim.finish("y1")
+    assert sim.computes[-1][1]["key"] == "z"
