@@ -298,7 +298,9 @@ class SpillBuffer(MutableMapping[str, Any]):
         return self.directory / f"{next(self._names)}.pkl"
 
     def close(self) -> None:
-        """Drop every value and remove the directory (the worker stops)."""
+        """Drop every value and remove the directory (the worker stops), and those of
+        workers of this host that died since the last worker started here: a worker killed
+        last, whose successor never started (its cluster closed first), left one."""
         with self._lock:
             self._closed = True
             self.fast.clear()
@@ -308,6 +310,7 @@ class SpillBuffer(MutableMapping[str, Any]):
             self.copies.clear()
             self.unspillable.clear()
             shutil.rmtree(self.directory, ignore_errors=True)
+        remove_stale_directories(self.directory.parent)
 
 
 class SpillWriter:

@@ -183,6 +183,20 @@ def test_directories_of_dead_workers_are_removed_at_start(tmp_path: Path) -> Non
     assert remove_stale_directories(tmp_path / "absent") == []
 
 
+def test_a_closing_worker_removes_the_directories_of_dead_workers_too(tmp_path: Path) -> None:
+    # A worker killed last left its directory where no successor started before the
+    # cluster closed (the kill storm with spilling saw one, once).
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    root = tmp_path / "apportion-spill"
+    stale = root / f"{int(dead.stdout)}-abcd"
+    stale.mkdir(parents=True)
+    (stale / "0.pkl").write_bytes(b"x")
+    store = SpillBuffer(root / f"{os.getpid()}-ef01")
+    store.close()
+    assert list(root.iterdir()) == []
+
+
 def test_the_state_machine_holds_results_in_the_spill_store(tmp_path: Path) -> None:
     store = SpillBuffer(tmp_path / "spill")
     state = WorkerState(1, {}, "w", data=store)
