@@ -53,6 +53,7 @@ from apportion.scheduler.placement import (
 from apportion.scheduler.placement_groups import BundleShape, PlacementGroups, holding
 from apportion.scheduler.prefetch import note_run
 from apportion.scheduler.pushes import (
+    AHEAD_LEAST_BYTES,
     AHEAD_TASKS,
     inputs_to_push,
     inputs_to_push_ahead,
@@ -106,6 +107,15 @@ STORY_LENGTH = 100_000
 # it only from this size on (see _drop_fetched): a smaller copy costs little memory, and
 # dropping it costs messages and may cost a fetch again.
 DROPPED_COPY_BYTES: Final = 2**20
+def _any_large_input(tasks: list[TaskState]) -> bool:
+    """Whether any of ``tasks`` takes an input large enough to push ahead (pushes.py)."""
+    for ts in tasks:
+        for dep in ts.dependencies:
+            if dep.nbytes >= AHEAD_LEAST_BYTES:
+                return True
+    return False
+
+
 # Pushes ahead (pushes.py) a worker's record keeps at most: entries of pushes that arrived
 # are dropped as the worker reports them; this bounds those it never will (freed meanwhile).
 AHEAD_FORGOTTEN: Final = 32
@@ -1166,8 +1176,8 @@ class SchedulerState:
                         self.outbox[deps[key][0]].append(push_message(key, ws))
         if shape:
             message["resources"] = dict(shape)
-            if not fits(shape, ws.free):  # the next of its demand waits for this one here
-                self._push_ahead(ws, shape)
+            if ts.dependencies and not fits(shape, ws.free):
+                self._push_ahead(ws, shape)  # the next of its demand wait for this one here
         if ts.priority:
             message["priority"] = ts.priority
         if attempt > 1:  # the worker's default is 1
@@ -1183,6 +1193,8 @@ class SchedulerState:
         if not after or after == ws.next_up:
             return
         ws.next_up = after
+        if not _any_large_input(after):
+            return  # the usual case, decided in compiled code
         ahead = inputs_to_push_ahead(after, ws, self.workers)
         if not ahead:
             return
