@@ -617,9 +617,8 @@ class Worker:
                 self._tell_clients(instruction)
 
     async def _fetch(self, fetch: Fetch) -> None:
-        """Get one result from the first of its holders that answers. One that arrives
-        but does not load fails the tasks waiting for it here: its bytes are the same
-        from every holder and after a recomputation."""
+        """Get one result from the first of its holders that answers (see
+        ``_load_arrived`` for one that arrives but does not load)."""
         problems = []
         for holder in fetch.holders:
             asked = time.perf_counter()
@@ -632,27 +631,43 @@ class Worker:
             if payload is None:
                 problems.append(f"{holder} does not hold it")
                 continue
-            size = len(payload)
             if segment is None:  # over TCP: the transfer alone, as this worker saw it
-                transfers.count_fetch(size, time.perf_counter() - asked)
-            try:
-                value = loads_value(payload)
-            except Exception as exc:
-                del payload, segment
-                self._unloadable(fetch, holder, exc)
-                return
-            del payload
-            if segment is not None:  # this replica can be shared in turn
-                self.shared.hold(fetch.key, segment, value)
-            with self._lock:
-                instructions = self.state.fetched(fetch.key, value, fetch.epoch, size)
-            del value
-            self._carry_out(instructions)
+                transfers.count_fetch(len(payload), time.perf_counter() - asked)
+            self._load_arrived(fetch, holder, payload, segment, pushed=False)
             return
         logger.warning("could not fetch %s: %s", fetch.key, "; ".join(problems))
         reason = f"LookupError: no holder of {fetch.key!r} answered: {problems}"
         with self._lock:
             instructions = self.state.fetch_failed(fetch.key, fetch.epoch, reason)
+        self._carry_out(instructions)
+
+    def _load_arrived(
+        self,
+        fetch: Fetch,
+        holder: str,
+        payload: Payload,
+        segment: shared_memory.Segment | None,
+        pushed: bool,
+    ) -> None:
+        """Load an input that arrived from ``holder`` (fetched, or ``pushed`` by it) and
+        hand it to the state machine. One that does not load fails the tasks waiting for
+        it here: its bytes are the same from every holder and after a recomputation."""
+        size = len(payload)
+        try:
+            value = loads_value(payload)
+        except Exception as exc:
+            del payload, segment
+            self._unloadable(fetch, holder, exc)
+            return
+        del payload
+        if segment is not None:  # this replica can be shared in turn
+            self.shared.hold(fetch.key, segment, value)
+        with self._lock:
+            if pushed:
+                instructions = self.state.pushed(fetch.key, value, size)
+            else:
+                instructions = self.state.fetched(fetch.key, value, fetch.epoch, size)
+        del value
         self._carry_out(instructions)
 
     def _unloadable(self, fetch: Fetch, holder: str, exc: Exception) -> None:
@@ -704,24 +719,12 @@ class Worker:
             self._carry_out(instructions)
             return
         segment = segments.get(key)
-        size = len(payload)
         clock, sent = message.get("sent") or ("", 0.0)
         if segment is None and clock and clock == shared_memory.host_identity():
             # (one clock for the processes of a host: from the push to its arrival here)
-            transfers.count_fetch(size, time.perf_counter() - sent)
-        try:
-            value = loads_value(payload)
-        except Exception as exc:
-            del payload, segment
-            self._unloadable(Fetch(key, [pusher], self.state.epoch), pusher, exc)
-            return
-        del payload
-        if segment is not None:
-            self.shared.hold(key, segment, value)
-        with self._lock:
-            instructions = self.state.pushed(key, value, size)
-        del value
-        self._carry_out(instructions)
+            transfers.count_fetch(len(payload), time.perf_counter() - sent)
+        fetch = Fetch(key, [pusher], self.state.epoch)
+        self._load_arrived(fetch, pusher, payload, segment, pushed=True)
 
     def _push_overdue(self, waited: AwaitPush) -> None:
         with self._lock:
