@@ -201,9 +201,10 @@ class WorkerState:
         # by placement.LocalQueues: priority, submission, order, task, attempt).
         self.local: list[tuple[int, int, int, TaskState, int]] = []
         # The queued tasks whose inputs were pushed here ahead of them (pushes.py): the
-        # next of their demand to start here; and those pushes not yet here (key -> pusher).
+        # next of their demand to start here; and those pushes not yet here (key -> pusher,
+        # and when the push was sent).
         self.next_up: list[TaskState] = []
-        self.pushing: dict[str, str] = {}
+        self.pushing: dict[str, tuple[str, float]] = {}
         self.fitting_shapes: set[Shape] = set()
         # The ready queues of those shapes, cached by ReadyQueues (see ReadyQueues.pop_for).
         self.menu: list[Any] = []

@@ -26,7 +26,8 @@ of about 1 ms (the transfer, then the run, one after the other); with it, 1.0-1.
 report's and the next task's round trip). What is pushed ahead is held there as a copy
 (``WorkerState.pushing`` until the worker says it has it) and kept while its task is still
 queued next there (``WorkerState.next_up``), then dropped as any copy no task there needs;
-a task sent there taking it names the push under way, and no second push is sent.
+a task sent there taking it names the push under way, and no second push is sent (one
+sent ahead more than ``AHEAD_FRESH_S`` before is sent again: it may never come).
 Bounded: the next ``AHEAD_TASKS`` (two: two transfers overlap where one takes longer than
 a run) of the demand per worker, ``AHEAD_MOST_BYTES`` at most, inputs of
 ``AHEAD_LEAST_BYTES`` or more (smaller ones move in about a round trip), only from a
@@ -42,6 +43,9 @@ from apportion.scheduler.model import TaskState, WorkerState
 AHEAD_TASKS = 2
 AHEAD_LEAST_BYTES = 2**20
 AHEAD_MOST_BYTES = 256 * 2**20
+# Seconds a push ahead counts as on its way: one that never came (the holder freed the
+# value meanwhile, and told only the receiver) is sent again after that, not awaited.
+AHEAD_FRESH_S = 2.0
 
 
 def inputs_to_push(
@@ -79,7 +83,7 @@ def inputs_to_push(
 
 
 def inputs_to_push_ahead(
-    after: list[TaskState], ws: WorkerState, workers: dict[str, WorkerState]
+    after: list[TaskState], ws: WorkerState, workers: dict[str, WorkerState], now: float
 ) -> dict[str, str]:
     """The inputs of ``after`` (queued, the next of their demand to start on ``ws``) to
     push to ``ws`` now: key -> the holder to push it (see the module's docstring for the
@@ -91,7 +95,9 @@ def inputs_to_push_ahead(
     for nxt in after:
         for dep in nxt.dependencies:
             nbytes, key = dep.nbytes, dep.key
-            if nbytes < AHEAD_LEAST_BYTES or ws in dep.who_has or key in ws.pushing:
+            if nbytes < AHEAD_LEAST_BYTES or ws in dep.who_has:
+                continue
+            if _under_way(ws, key, now) is not None:
                 continue
             if key in ahead or dep.state != "memory" or total + nbytes > AHEAD_MOST_BYTES:
                 continue
@@ -110,14 +116,23 @@ def inputs_to_push_ahead(
     return ahead
 
 
-def named_pusher(key: str, holders: list[str], ws: WorkerState) -> list[str] | None:
+def named_pusher(key: str, holders: list[str], ws: WorkerState, now: float) -> list[str] | None:
     """Where a push of ``key`` to ``ws`` is under way (sent ahead) from one of
     ``holders``: the holders with that pusher first (the worker awaits the push from the
     first named); None when none is (the entry, if any, is forgotten)."""
-    pusher = ws.pushing.pop(key, None)
+    pusher = _under_way(ws, key, now)
+    ws.pushing.pop(key, None)
     if pusher is None or pusher not in holders:
         return None
     return [pusher, *(h for h in holders if h != pusher)]
+
+
+def _under_way(ws: WorkerState, key: str, now: float) -> str | None:
+    """The pusher of ``key`` to ``ws`` sent ahead less than ``AHEAD_FRESH_S`` ago."""
+    entry = ws.pushing.get(key)
+    if entry is None or now - entry[1] > AHEAD_FRESH_S:
+        return None
+    return entry[0]
 
 
 def _pusher(holders: list[str], workers: dict[str, WorkerState]) -> str | None:

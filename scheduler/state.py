@@ -107,6 +107,8 @@ STORY_LENGTH = 100_000
 # it only from this size on (see _drop_fetched): a smaller copy costs little memory, and
 # dropping it costs messages and may cost a fetch again.
 DROPPED_COPY_BYTES: Final = 2**20
+
+
 def _any_large_input(tasks: list[TaskState]) -> bool:
     """Whether any of ``tasks`` takes an input large enough to push ahead (pushes.py)."""
     for ts in tasks:
@@ -1168,8 +1170,9 @@ class SchedulerState:
             if pushed:
                 message["pushed"] = pushed
                 ahead = ws.pushing
+                now = self.clock() if ahead else 0.0
                 for key in pushed:
-                    holders = named_pusher(key, deps[key], ws) if ahead else None
+                    holders = named_pusher(key, deps[key], ws, now) if ahead else None
                     if holders is not None:  # pushed ahead, on its way (pushes.py)
                         deps[key] = holders
                     else:
@@ -1195,14 +1198,15 @@ class SchedulerState:
         ws.next_up = after
         if not _any_large_input(after):
             return  # the usual case, decided in compiled code
-        ahead = inputs_to_push_ahead(after, ws, self.workers)
+        now = self.clock()
+        ahead = inputs_to_push_ahead(after, ws, self.workers, now)
         if not ahead:
             return
         pushing = ws.pushing
         if len(pushing) > AHEAD_FORGOTTEN:
             pushing.clear()  # pushes long done or given up: a later task pushes again
         for key, pusher in ahead.items():
-            pushing[key] = pusher
+            pushing[key] = (pusher, now)
             self.outbox[pusher].append(push_message(key, ws))
 
     def _end_run(self, ws: WorkerState | None, run_id: int) -> TaskState | None:

@@ -176,3 +176,15 @@ def test_tasks_cancelled_in_the_queue_while_another_runs_leave_placement_sound()
     sim.submit_many([task("z", ["x0"], resources={"GPU": 1})])
     sim.finish("y1")
     assert sim.computes[-1][1]["key"] == "z"
+
+
+def test_a_push_ahead_that_never_came_is_sent_again_not_awaited() -> None:
+    sim = gpu_worker_and_inputs(4)
+    sim.submit_many([task(f"y{i}", [f"x{i}"], resources={"GPU": 1}) for i in range(4)])
+    sim.finish("y0")  # x2 and x3 pushed ahead; neither arrives
+    assert pushed_keys(sim).count("x2") == 1
+    sim.clock.now += 10  # type: ignore[attr-defined]
+    sim.finish("y1")
+    (_, compute) = sim.computes[-1]
+    assert compute["key"] == "y2" and compute["pushed"] == {"x2": MIB}
+    assert pushed_keys(sim).count("x2") == 2  # told again, not left to the worker's wait
