@@ -78,6 +78,7 @@ from apportion.serialize import (
     content_token,
     dumps_args,
     dumps_data,
+    large_pickle,
     tokenize,
 )
 from apportion.session import (
@@ -522,7 +523,8 @@ class Client(metaclass=_ClientType):
         if key is None:
             name = prefix or getattr(func, "__name__", type(func).__name__)
             if pure:
-                token = tokenize(func_bytes, args_bytes, _demand(options))
+                large = large_pickle(args_bytes)
+                token = tokenize(func_bytes, args_bytes, _demand(options), large=large)
             else:  # (impure keys: a counter, no uuid4 per task)
                 token = self.future_table.unique_token()
             key = f"{name}-{token}"

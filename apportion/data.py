@@ -10,7 +10,7 @@ import traceback
 from typing import Any
 
 from apportion.futures import Future, collect_futures, wait
-from apportion.serialize import dumps_value, tokenize
+from apportion.serialize import dumps_value, large_pickle, tokenize
 from apportion.session import Session
 
 logger = logging.getLogger("apportion.client")
@@ -34,7 +34,11 @@ def scatter_keys(data: Any) -> tuple[list[Any], list[str]]:
         values = list(data)
     else:
         values = [data]
-    return values, [f"{type(v).__name__}-{tokenize(dumps_value(v))}" for v in values]
+    payloads = [dumps_value(v) for v in values]
+    return values, [
+        f"{type(v).__name__}-{tokenize(p, large=large_pickle(p))}"
+        for v, p in zip(values, payloads, strict=True)
+    ]
 
 
 def shaped_like(data: Any, futures: list[Future]) -> Any:

@@ -153,3 +153,15 @@ def test_waiting_for_a_maps_futures_blocks_on_few_of_them() -> None:
             assert all(f.done() for f in futures)
             blocked = sum(f._state._event is not None for f in futures)
             assert blocked <= 20, f"{finish.__name__}: blocked on {blocked} futures"
+
+
+def test_submit_and_map_give_a_large_argument_the_same_key() -> None:
+    import numpy as np
+
+    big = np.arange(100_000)  # 800 kB: hashed as a large pickle, below storing on a worker
+    with LocalCluster(workers=[]) as cluster, Client(cluster) as client:
+        warnings.simplefilter("ignore", NoWorkerWarning)
+        submitted = client.submit(np.sum, big)
+        (mapped,) = client.map(np.sum, [big])
+        assert mapped.key == submitted.key
+        assert client.submit(np.sum, big + 1).key != submitted.key

@@ -129,6 +129,27 @@ def test_tokens_of_equal_pickles_are_equal() -> None:
     assert tokenize(dumps_data(np.ones(100_000))) != tokenize(dumps_data(np.zeros(100_000)))
 
 
+def test_large_pickles_are_hashed_at_memory_speed_not_with_blake2b(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 1 MB argument's key took 1.3 ms of its 2.4 ms submit call in BLAKE2b.
+    import xxhash
+
+    import apportion.serialize as serialize
+
+    big, other = dumps_data(np.ones(200_000)), dumps_data(np.zeros(200_000))
+    assert serialize.large_pickle(big) and not serialize.large_pickle(dumps_data(1))
+    pieces = big.parts() if isinstance(big, Pickled) else [big]
+    expected = xxhash.xxh3_128(b"".join(bytes(piece) for piece in [b"f", *pieces])).hexdigest()
+
+    def no_blake2b(*args: object, **kwargs: object) -> None:
+        raise AssertionError("BLAKE2b used for a large pickle")
+
+    monkeypatch.setattr(serialize.hashlib, "blake2b", no_blake2b)
+    assert tokenize(b"f", big, large=True) == expected
+    assert tokenize(b"f", big, large=True) != tokenize(b"f", other, large=True)
+
+
 @pytest.mark.parametrize(
     "tamper",
     [
