@@ -30,8 +30,9 @@ a task sent there taking it names the push under way, and no second push is sent
 sent ahead more than ``AHEAD_FRESH_S`` before is sent again: it may never come).
 Bounded: the next ``AHEAD_TASKS`` (two: two transfers overlap where one takes longer than
 a run) of the demand per worker, ``AHEAD_MOST_BYTES`` at most, inputs of
-``AHEAD_LEAST_BYTES`` or more (smaller ones move in about a round trip), only from a
-holder in service, and never to a paused worker or one past its spilling level.
+``AHEAD_LEAST_BYTES`` or more (smaller ones move in about a round trip), none that a run
+there takes already (held or on its way: one copy serves them all), only from a holder in
+service, and never to a paused worker or one past its spilling level.
 
 Pure: decides, sends nothing (the state's ``_assign`` puts the messages in its outbox).
 """
@@ -92,6 +93,7 @@ def inputs_to_push_ahead(
         return {}
     ahead: dict[str, str] = {}
     total = 0
+    arriving: set[TaskState] | None = None  # the inputs of its runs: held or on their way
     for nxt in after:
         for dep in nxt.dependencies:
             nbytes, key = dep.nbytes, dep.key
@@ -99,6 +101,12 @@ def inputs_to_push_ahead(
                 continue
             if _under_way(ws, key, now) is not None:
                 continue
+            if arriving is None:
+                arriving = set()
+                for run in ws.processing.values():
+                    arriving.update(run.dependencies)
+            if dep in arriving:
+                continue  # one copy serves them all
             if key in ahead or dep.state != "memory" or total + nbytes > AHEAD_MOST_BYTES:
                 continue
             pusher = next(

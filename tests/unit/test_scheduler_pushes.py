@@ -188,3 +188,14 @@ def test_a_push_ahead_that_never_came_is_sent_again_not_awaited() -> None:
     (_, compute) = sim.computes[-1]
     assert compute["key"] == "y2" and compute["pushed"] == {"x2": MIB}
     assert pushed_keys(sim).count("x2") == 2  # told again, not left to the worker's wait
+
+
+def test_an_input_the_next_tasks_share_with_the_running_one_is_not_pushed_again() -> None:
+    # Every GPU task taking the same large input (a model's weights, say): pushed with the
+    # first task; looking ahead must not push it a second time while it travels.
+    sim = gpu_worker_and_inputs(1, nbytes=8 * MIB)
+    sim.submit_many([task("z", resources={"GPU": 1})])  # the GPU busy: the rest queue
+    sim.submit_many([task(f"y{i}", ["x0"], resources={"GPU": 1}) for i in range(4)])
+    sim.finish("z")
+    assert sim.computes[-1][1]["key"] == "y0"
+    assert pushed_keys(sim) == ["x0"]
