@@ -39,6 +39,8 @@ Pure: decides, sends nothing (the state's ``_assign`` puts the messages in its o
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from apportion.scheduler.model import TaskState, WorkerState
 
 AHEAD_TASKS = 2
@@ -71,12 +73,9 @@ def inputs_to_push(
         if pusher is None:
             continue
         if pusher != holders[0]:
-            deps[dep.key] = [pusher, *(h for h in holders if h != pusher)]
+            deps[dep.key] = _first(pusher, holders)
         if arriving is None:
-            arriving = set()
-            for run in ws.processing.values():
-                if run is not ts:
-                    arriving.update(run.dependencies)
+            arriving = _inputs_of_runs(ws, but=ts)
         if dep in arriving:
             continue  # on its way there already, for another run
         pushed[dep.key] = dep.nbytes
@@ -102,21 +101,12 @@ def inputs_to_push_ahead(
             if _under_way(ws, key, now) is not None:
                 continue
             if arriving is None:
-                arriving = set()
-                for run in ws.processing.values():
-                    arriving.update(run.dependencies)
+                arriving = _inputs_of_runs(ws)
             if dep in arriving:
                 continue  # one copy serves them all
             if key in ahead or dep.state != "memory" or total + nbytes > AHEAD_MOST_BYTES:
                 continue
-            pusher = next(
-                (
-                    holder.address
-                    for holder in dep.who_has
-                    if holder.address in workers and not (holder.retiring or holder.closing)
-                ),
-                None,
-            )
+            pusher = _in_service((holder.address for holder in dep.who_has), workers)
             if pusher is None:  # only from a worker in service: it is not urgent
                 continue
             ahead[key] = pusher
@@ -132,7 +122,7 @@ def named_pusher(key: str, holders: list[str], ws: WorkerState, now: float) -> l
     ws.pushing.pop(key, None)
     if pusher is None or pusher not in holders:
         return None
-    return [pusher, *(h for h in holders if h != pusher)]
+    return _first(pusher, holders)
 
 
 def _under_way(ws: WorkerState, key: str, now: float) -> str | None:
@@ -146,12 +136,33 @@ def _under_way(ws: WorkerState, key: str, now: float) -> str | None:
 def _pusher(holders: list[str], workers: dict[str, WorkerState]) -> str | None:
     """The holder to push from: the first connected one in service, else the first
     connected one (None: none is connected)."""
-    connected = [h for h in holders if h in workers]
-    for address in connected:
-        ws = workers[address]
-        if not (ws.retiring or ws.closing):
+    in_service = _in_service(holders, workers)
+    if in_service is not None:
+        return in_service
+    return next((h for h in holders if h in workers), None)
+
+
+def _in_service(holders: Iterable[str], workers: dict[str, WorkerState]) -> str | None:
+    """The first of ``holders`` connected and in service (not retiring or closing)."""
+    for address in holders:
+        ws = workers.get(address)
+        if ws is not None and not (ws.retiring or ws.closing):
             return address
-    return connected[0] if connected else None
+    return None
+
+
+def _first(pusher: str, holders: list[str]) -> list[str]:
+    """``holders`` with ``pusher`` first (the worker awaits a push from the first named)."""
+    return [pusher, *(h for h in holders if h != pusher)]
+
+
+def _inputs_of_runs(ws: WorkerState, but: TaskState | None = None) -> set[TaskState]:
+    """The inputs of ``ws``'s runs (but ``but``'s): held there or on their way."""
+    found: set[TaskState] = set()
+    for run in ws.processing.values():
+        if run is not but:
+            found.update(run.dependencies)
+    return found
 
 
 def push_message(key: str, receiver: WorkerState) -> dict[str, object]:
