@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 import socket
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks import tls
 
@@ -254,9 +257,22 @@ def measure(sizes_mb: tuple[int, ...] = ()) -> dict[str, object]:
         "loopback_tcp_400mb_made_mb_per_s": loopback_tcp_mb_per_s(400_000_000, into="made"),
         "loopback_tcp_400mb_new_mb_per_s": loopback_tcp_mb_per_s(400_000_000, into="new"),
         "memcpy_gb_per_s": memcpy_gb_per_s(),
-        # What TLS rows are read against: encrypting (or decrypting) alone, per cipher.
+        # What TLS rows are read against: encrypting (or decrypting) alone, per cipher, and
+        # the interpreter's own TLS transport with no system around it.
         "aes_gcm_16kb_mb_per_s": tls.openssl_speed(),
+        "loop_tls_100mb_mb_per_s": tls_transport_samples(),
     } | with_shape_samples({}, shape_samples(sizes_mb))
+
+
+def tls_transport_samples(nbytes: int = 100_000_000) -> dict[str, float]:
+    """The event loop's TLS transport alone moving ``nbytes`` between two processes, into
+    memory made before and into new memory (tls.loop_transport_mb_per_s; {} without the
+    ``openssl`` command to make certificates with)."""
+    if shutil.which("openssl") is None:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="apportion-floor-tls-") as keys:
+        files = tls.make_certificates(Path(keys))
+        return {into: tls.loop_transport_mb_per_s(files, nbytes, into) for into in tls.RECEIVERS}
 
 
 def describe(floor: dict[str, object] | None) -> str:
@@ -279,6 +295,19 @@ def describe(floor: dict[str, object] | None) -> str:
         + _whole_transfers(floor)
         + _shapes(floor)
         + tls.describe(floor.get("aes_gcm_16kb_mb_per_s"))
+        + _tls_transport(floor)
+    )
+
+
+def _tls_transport(floor: dict[str, object]) -> str:
+    figures = floor.get("loop_tls_100mb_mb_per_s")
+    if not isinstance(figures, dict) or set(figures) != set(tls.RECEIVERS):
+        return ""  # (results from before it was measured, or no openssl command)
+    return (
+        f" The event loop's TLS transport alone (no system around it), 100 MB from one"
+        f" process to another over a connection used before: {figures['made']:,.0f} MB/s into"
+        f" memory made before, {figures['new']:,.0f} MB/s into new memory (apportion's TLS"
+        f" rows go through this transport)."
     )
 
 

@@ -68,3 +68,27 @@ def test_the_cpu_of_a_cluster_process_is_read_from_outside_it() -> None:
         child.kill()
         child.wait()
     assert workloads.cpu_seconds([child.pid]) == {}  # gone: left out
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_loops_own_tls_transport_is_timed_into_made_and_into_new_memory(
+    tmp_path: Path,
+) -> None:
+    """What a TLS row can at most reach: the interpreter's TLS transport with no system
+    around it, between two processes, into either kind of receiving memory."""
+    files = tls.make_certificates(tmp_path)
+    for into in tls.RECEIVERS:
+        assert tls.loop_transport_mb_per_s(files, 3_000_000, into, count=2) > 0
+    with pytest.raises(ValueError, match="expected one of"):
+        tls.loop_transport_mb_per_s(files, 3_000_000, "cached")
+
+
+def test_the_floor_sentence_names_the_tls_transport_figures_only_when_measured() -> None:
+    from benchmarks import floor
+
+    base = {"round_trip_us": {"p50": 1.0, "p99": 2.0}, "cpu_loop_s": 0.1}
+    text = floor.describe({**base, "loop_tls_100mb_mb_per_s": {"made": 1066.4, "new": 771.0}})
+    assert "1,066 MB/s into memory made before, 771 MB/s into new memory" in text
+    for missing in ({}, {"made": 1066.4}):  # no openssl command; a partial record
+        assert "TLS transport" not in floor.describe({**base, "loop_tls_100mb_mb_per_s": missing})
+    assert "TLS transport" not in floor.describe(base)  # results from before
