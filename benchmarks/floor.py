@@ -8,14 +8,19 @@ results makes runs on different machines comparable.
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 import shutil
 import socket
+import ssl
 import statistics
 import tempfile
 import time
+import traceback
+from collections import deque
 from pathlib import Path
+from typing import cast
 
 from benchmarks import tls
 
@@ -186,6 +191,178 @@ def warm_transfers_mb_per_s(nbytes: int, count: int) -> list[float]:
     return figures
 
 
+# Over TLS: what the interpreter's own TLS allows, with no system around it.
+TLS_RECEIVERS = ("made", "new")
+# What the sender hands the transport at once: as apportion's comms do (see
+# apportion/protocol/paced.py), so that encrypting one chunk overlaps decrypting the last.
+TLS_CHUNK_BYTES = 1 << 20
+TLS_TRANSFERS_TIMEOUT_S = 300  # all of them, even on a slow machine: else something broke
+
+
+class _TLSReceiver(asyncio.BufferedProtocol):
+    """Takes transfers of known sizes, each into a buffer of its own (receive_buffer,
+    ``made`` or new), answering ``x`` once one is whole and ``r`` once the buffer for the
+    next exists (so the sender's clock leaves out making it)."""
+
+    def __init__(self, sizes: list[int], made: bool) -> None:
+        self.sizes = deque(sizes)
+        self.made = made
+        self.buffer = memoryview(b"")
+        self.got = 0
+        self.done = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports do not derive from asyncio.Transport, but behave as one)
+        self.transport = cast(asyncio.Transport, transport)
+        self._next()
+
+    def _next(self) -> None:
+        assert self.transport is not None
+        if not self.sizes:
+            self.done.set_result(None)
+            return
+        self.buffer, self.got = receive_buffer(self.sizes.popleft(), self.made), 0
+        self.transport.write(b"r")
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.buffer[self.got :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.got += nbytes
+        if self.got == self.buffer.nbytes:
+            assert self.transport is not None
+            self.transport.write(b"x")
+            self._next()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc or ConnectionError("sender closed early"))
+
+
+class _TLSSender(asyncio.Protocol):
+    """Writes a chunk at a time, the next once the transport passed the last on, and
+    hears the receiver's answers."""
+
+    def __init__(self) -> None:
+        self._replies: asyncio.Queue[bool] = asyncio.Queue()
+        self.drained: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.Transport, transport).set_write_buffer_limits(high=1)
+
+    def data_received(self, data: bytes) -> None:
+        for _ in data:
+            self._replies.put_nowait(True)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._replies.put_nowait(False)  # no answer will come
+
+    async def reply(self) -> None:
+        """The receiver's next answer (raises if it went instead)."""
+        if not await self._replies.get():
+            raise ConnectionError("the receiving process closed the connection")
+
+    def pause_writing(self) -> None:
+        self.drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        drained, self.drained = self.drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+
+async def _receive_tls(
+    listener: socket.socket, sizes: list[int], made: bool, context: ssl.SSLContext
+) -> None:
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    receiver = _TLSReceiver(sizes, made)
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.connect_accepted_socket(lambda: receiver, conn, ssl=context)
+    await receiver.done
+    transport.close()
+
+
+async def _send_tls(
+    address: tuple[str, int], sizes: list[int], context: ssl.SSLContext
+) -> list[float]:
+    conn = socket.create_connection(address)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sender = _TLSSender()
+    transport, _ = await asyncio.get_running_loop().create_connection(
+        lambda: sender, sock=conn, ssl=context, server_hostname="127.0.0.1"
+    )
+    payload = memoryview(bytearray(b"\x01") * max(sizes))  # made before the clock starts
+    seconds = []
+    for size in sizes:
+        await sender.reply()  # the receiver's buffer exists
+        start = time.perf_counter()
+        for offset in range(0, size, TLS_CHUNK_BYTES):
+            transport.write(payload[offset : min(size, offset + TLS_CHUNK_BYTES)])
+            while sender.drained is not None:
+                await sender.drained
+        await sender.reply()  # whole over there
+        seconds.append(time.perf_counter() - start)
+    transport.close()
+    return seconds
+
+
+def loopback_tls_mb_per_s(
+    files: tls.Certificates, nbytes: int = 100_000_000, into: str = "new", count: int = 3
+) -> float:
+    """The median MB/s of ``count`` transfers of ``nbytes`` from this process to a forked
+    one over one mutual-TLS loopback connection through the event loop's TLS transport
+    (apportion's loop: uvloop's where installed), after a warm-up transfer
+    (``WARM_UP_BYTES``), each into a buffer of its size over there whose pages are
+    ``"made"`` before the clock starts or ``"new"`` (as loopback_tcp_mb_per_s's
+    receivers). No scheduler, frames or pickling: what any system decrypting through
+    Python's ``ssl`` on this machine can reach."""
+    from apportion.aio import new_event_loop
+
+    if into not in TLS_RECEIVERS:
+        raise ValueError(f"into={into!r}: expected one of {TLS_RECEIVERS}")
+    server, client = tls.mutual_tls_contexts(files)
+    sizes = [min(nbytes, WARM_UP_BYTES)] + [nbytes] * count
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = listener.getsockname()
+    pid = os.fork()
+    if pid == 0:  # the receiver
+        status = 1
+        try:
+            loop = new_event_loop()
+            loop.run_until_complete(_receive_tls(listener, sizes, into == "made", server))
+            status = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(status)
+    # Only the receiver holds the listener now: if it fails before accepting, connecting
+    # is refused instead of waiting in a backlog nobody reads.
+    listener.close()
+    try:
+        loop = new_event_loop()
+        try:
+            seconds = loop.run_until_complete(
+                asyncio.wait_for(_send_tls(address, sizes, client), TLS_TRANSFERS_TIMEOUT_S)
+            )
+        finally:
+            loop.close()
+    finally:
+        os.waitpid(pid, 0)
+    return round(nbytes / 1e6 / statistics.median(seconds[1:]), 1)
+
+
+def loopback_tls_figures(nbytes: int = 100_000_000) -> dict[str, float]:
+    """loopback_tls_mb_per_s into each kind of buffer ({} without the ``openssl`` command
+    to make certificates with)."""
+    if shutil.which("openssl") is None:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="apportion-floor-tls-") as keys:
+        files = tls.make_certificates(Path(keys))
+        return {into: loopback_tls_mb_per_s(files, nbytes, into) for into in TLS_RECEIVERS}
+
+
 def memcpy_gb_per_s(nbytes: int = 200_000_000) -> float:
     source = bytearray(nbytes)
     target = bytearray(nbytes)
@@ -260,19 +437,8 @@ def measure(sizes_mb: tuple[int, ...] = ()) -> dict[str, object]:
         # What TLS rows are read against: encrypting (or decrypting) alone, per cipher, and
         # the interpreter's own TLS transport with no system around it.
         "aes_gcm_16kb_mb_per_s": tls.openssl_speed(),
-        "loop_tls_100mb_mb_per_s": tls_transport_samples(),
+        "loop_tls_100mb_mb_per_s": loopback_tls_figures(),
     } | with_shape_samples({}, shape_samples(sizes_mb))
-
-
-def tls_transport_samples(nbytes: int = 100_000_000) -> dict[str, float]:
-    """The event loop's TLS transport alone moving ``nbytes`` between two processes, into
-    memory made before and into new memory (tls.loop_transport_mb_per_s; {} without the
-    ``openssl`` command to make certificates with)."""
-    if shutil.which("openssl") is None:
-        return {}
-    with tempfile.TemporaryDirectory(prefix="apportion-floor-tls-") as keys:
-        files = tls.make_certificates(Path(keys))
-        return {into: tls.loop_transport_mb_per_s(files, nbytes, into) for into in tls.RECEIVERS}
 
 
 def describe(floor: dict[str, object] | None) -> str:
@@ -301,7 +467,7 @@ def describe(floor: dict[str, object] | None) -> str:
 
 def _tls_transport(floor: dict[str, object]) -> str:
     figures = floor.get("loop_tls_100mb_mb_per_s")
-    if not isinstance(figures, dict) or set(figures) != set(tls.RECEIVERS):
+    if not isinstance(figures, dict) or set(figures) != set(TLS_RECEIVERS):
         return ""  # (results from before it was measured, or no openssl command)
     return (
         f" The event loop's TLS transport alone (no system around it), 100 MB from one"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
-from benchmarks import floor
+from benchmarks import floor, tls
 
 
 def test_round_trip_between_processes_is_measured_in_order() -> None:
@@ -149,3 +152,16 @@ def test_each_data_row_is_read_against_the_floor_of_its_own_shape() -> None:
     assert "| 10 MB array: client gather | 850 | 1,000 | 85% | 42% | n/a | 2.12x |" in text
     assert "| 10 MB array: worker to worker | 950 | 1,000 | 95% | 48% | 1,200 (120%) |" in text
     assert "90% of floor, 1.2x dask MISSED" in text
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_loops_own_tls_transport_is_timed_into_made_and_into_new_memory(
+    tmp_path: Path,
+) -> None:
+    """What a TLS row can at most reach: the interpreter's TLS transport with no system
+    around it, between two processes, into either kind of receiving memory."""
+    files = tls.make_certificates(tmp_path)
+    for into in floor.TLS_RECEIVERS:
+        assert floor.loopback_tls_mb_per_s(files, 3_000_000, into, count=2) > 0
+    with pytest.raises(ValueError, match="expected one of"):
+        floor.loopback_tls_mb_per_s(files, 3_000_000, "cached")

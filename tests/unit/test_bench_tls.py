@@ -35,11 +35,7 @@ def test_the_reference_sentence_names_each_cipher() -> None:
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_the_certificates_serve_mutual_tls_on_loopback(tmp_path: Path) -> None:
     files = tls.make_certificates(tmp_path)
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=files.ca)
-    server.load_cert_chain(files.cert, files.key)
-    server.verify_mode = ssl.CERT_REQUIRED
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=files.ca)
-    client.load_cert_chain(files.cert, files.key)
+    server, client = tls.mutual_tls_contexts(files)
     server_side, client_side = ssl.MemoryBIO(), ssl.MemoryBIO()
     ours = client.wrap_bio(client_side, server_side, server_hostname="127.0.0.1")
     theirs = server.wrap_bio(server_side, client_side, server_side=True)
@@ -68,19 +64,6 @@ def test_the_cpu_of_a_cluster_process_is_read_from_outside_it() -> None:
         child.kill()
         child.wait()
     assert workloads.cpu_seconds([child.pid]) == {}  # gone: left out
-
-
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-def test_the_loops_own_tls_transport_is_timed_into_made_and_into_new_memory(
-    tmp_path: Path,
-) -> None:
-    """What a TLS row can at most reach: the interpreter's TLS transport with no system
-    around it, between two processes, into either kind of receiving memory."""
-    files = tls.make_certificates(tmp_path)
-    for into in tls.RECEIVERS:
-        assert tls.loop_transport_mb_per_s(files, 3_000_000, into, count=2) > 0
-    with pytest.raises(ValueError, match="expected one of"):
-        tls.loop_transport_mb_per_s(files, 3_000_000, "cached")
 
 
 def test_the_floor_sentence_names_the_tls_transport_figures_only_when_measured() -> None:
